@@ -1,0 +1,33 @@
+"""Error types a user can cause; the CLI turns each into one paragraph and an exit code."""
+
+
+class MgpuError(Exception):
+    """Base: `str(err)` is the whole message the user sees; `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class SpecError(MgpuError):
+    """The spec file is missing, unreadable or invalid."""
+
+    exit_code = 2
+
+
+class PreflightError(MgpuError):
+    """A host or port is not ready; nothing was started."""
+
+    exit_code = 2
+
+
+class RunNotFound(MgpuError):
+    exit_code = 2
+
+
+class RunFailed(MgpuError):
+    """A task failed and the run was stopped."""
+
+    exit_code = 1
+
+
+class Interrupted(MgpuError):
+    exit_code = 130

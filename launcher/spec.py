@@ -1,0 +1,220 @@
+"""The cluster spec: cluster.toml parsed into a validated, frozen ClusterSpec."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from launcher.errors import SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1"})
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+EnvName = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+Entrypoint = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class HostOptions(_Model):
+    """Keys a host may set; `[defaults]` fills whichever a host leaves out."""
+
+    name: Optional[str] = None
+    user: Optional[str] = None
+    ssh_port: Optional[Port] = None
+    identity_file: Optional[str] = None
+    python: Optional[str] = None
+    workdir: Optional[str] = None
+    gpus: Union[Literal["all", "none"], list[Annotated[int, Field(ge=0)]], None] = None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value):
+        ok = value is None or value in ("all", "none") or (
+            isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        )
+        if not ok:
+            raise ValueError('must be "all", "none" or a list of GPU indices like [0, 1]')
+        return value
+    cpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    env: Optional[dict[str, str]] = None
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env):
+        for key in env or {}:
+            if not EnvName.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return env
+
+    @field_validator("name", "user", "python", "workdir", "identity_file")
+    @classmethod
+    def _not_empty(cls, value):
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class Host(HostOptions):
+    address: str
+    port: Port
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value):
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError("must be a host name or IP address without spaces")
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        return self.address in LOCAL_ADDRESSES
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+
+class Training(_Model):
+    entrypoint: Optional[str] = None
+    command: Optional[list[str]] = Field(default=None, min_length=1)
+    epochs: PositiveInt = 1
+    steps_per_epoch: Optional[PositiveInt] = None
+    batch_size_per_replica: PositiveInt = 64
+    learning_rate: PositiveFloat = 0.001
+    scale_learning_rate: bool = True
+    checkpoint_dir: Optional[str] = None
+    tensorboard: Optional[str] = None
+    mixed_precision: bool = False
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value):
+        if value is not None and not Entrypoint.match(value):
+            raise ValueError(f"{value!r} is not of the form 'package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.entrypoint is None) == (self.command is None):
+            raise ValueError("set exactly one of 'entrypoint' (built-in runner) or 'command' (your own program)")
+        return self
+
+
+class Launch(_Model):
+    max_restarts: Annotated[int, Field(ge=0)] = 0
+    connect_timeout: PositiveFloat = 10.0
+    start_timeout: PositiveFloat = 120.0
+    heartbeat_timeout: PositiveFloat = 300.0
+    accept_new_host_keys: bool = False
+
+
+class ClusterSpec(_Model):
+    hosts: list[Host] = Field(min_length=1)
+    defaults: HostOptions = HostOptions()
+    training: Training
+    launch: Launch = Launch()
+    sync: list[str] = []
+
+    @model_validator(mode="after")
+    def _apply_defaults(self):
+        """Fill each host's missing keys from [defaults]; env tables merge, the host winning."""
+        defaults = self.defaults.model_dump(exclude_none=True)
+        hosts = []
+        for host in self.hosts:
+            update = {k: v for k, v in defaults.items() if getattr(host, k) is None}
+            if host.env is not None and "env" in defaults:
+                update["env"] = {**defaults["env"], **host.env}
+            hosts.append(host.model_copy(update=update))
+        object.__setattr__(self, "hosts", hosts)  # frozen model: set once, while validating
+        return self
+
+    @model_validator(mode="after")
+    def _unique_tasks(self):
+        seen: dict[tuple[str, int], int] = {}
+        for i, host in enumerate(self.hosts):
+            key = (host.address, host.port)
+            if key in seen:
+                raise ValueError(
+                    f"hosts[{i}]: repeats {host.address}:{host.port} of hosts[{seen[key]}]; "
+                    "two tasks cannot share one host and port"
+                )
+            seen[key] = i
+        return self
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.hosts)
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch}
+
+
+def _near_key(loc: tuple) -> str:
+    """A ' (did you mean ...?)' hint for an unknown key, or ''."""
+    model = _SECTIONS.get(loc[0], ClusterSpec) if len(loc) > 1 else ClusterSpec
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _message(err: dict) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{_where(loc)}: unknown key{_near_key(loc)}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        msg = "required key is missing"
+    return f"{_where(loc)}: {msg}" if loc else msg
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> ClusterSpec:
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = [_message(e) for e in exc.errors()]
+        raise SpecError(f"{source} is not a valid cluster spec:\n  " + "\n  ".join(lines)) from None
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise SpecError(f"{path} is a directory; give the path of a cluster.toml file.") from None
+    except FileNotFoundError:
+        raise SpecError(f"{path} does not exist; see cluster.example.toml for a starting point.") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8.") from None
+    except OSError as exc:
+        raise SpecError(f"{path} cannot be read: {exc.strerror}.") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path} is not valid TOML: {exc}.") from None
+    return parse_spec(data, str(path))

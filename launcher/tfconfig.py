@@ -1,0 +1,38 @@
+"""TF_CONFIG for each task, and the rest of its environment: pure functions of the spec."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.spec import ClusterSpec
+
+
+def cluster_addresses(spec: ClusterSpec) -> list[str]:
+    return [f"{h.address}:{h.port}" for h in spec.hosts]
+
+
+def tf_config(spec: ClusterSpec, index: int) -> dict:
+    """The TF_CONFIG of task `index`; task 0 is the chief."""
+    if not 0 <= index < spec.num_workers:
+        raise IndexError(f"task {index} does not exist; the spec has tasks 0..{spec.num_workers - 1}")
+    return {"cluster": {"worker": cluster_addresses(spec)}, "task": {"type": "worker", "index": index}}
+
+
+def task_env(spec: ClusterSpec, index: int, run_id: str, run_dir: str) -> dict[str, str]:
+    """Every variable the launcher sets for a task (the worker's environment contract)."""
+    host = spec.hosts[index]
+    env = {
+        "TF_CONFIG": json.dumps(tf_config(spec, index)),
+        "MGPU_RUN_ID": run_id,
+        "MGPU_TASK_INDEX": str(index),
+        "MGPU_NUM_WORKERS": str(spec.num_workers),
+        "MGPU_RUN_DIR": run_dir,
+        "TF_USE_LEGACY_KERAS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if host.gpus == "none":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif isinstance(host.gpus, list):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
+    env.update(host.env or {})
+    return env

@@ -1,0 +1,78 @@
+"""Shared fixtures: a private MGPU_HOME, the real CLI as a subprocess, and orphan checks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI") == "true"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(home: Path) -> list[psutil.Process]:
+    """Every live process that belongs to a run recorded under `home`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            env = proc.info["environ"] or {}
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if env.get("MGPU_HOME") == str(home) or str(home) in env.get("MGPU_RUN_DIR", "") or str(home) in cmd:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(home: Path, timeout: float) -> list[psutil.Process]:
+    deadline = time.time() + timeout
+    while True:
+        left = run_processes(home)
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+class Cli:
+    def __init__(self, home: Path, cwd: Path):
+        self.home, self.cwd = home, cwd
+        self.env = {**os.environ, "MGPU_HOME": str(home), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+
+    def argv(self, *args) -> list[str]:
+        return [sys.executable, "-m", "launcher", *map(str, args)]
+
+    def __call__(self, *args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, **kw)
+
+    def popen(self, *args, **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(*args), cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    home = tmp_path / "mgpu-home"
+    c = Cli(home, tmp_path)
+    yield c
+    left = run_processes(home)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left running after the test: {[p.pid for p in left]}"
