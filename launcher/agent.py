@@ -14,7 +14,7 @@ from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.transport import Event, Handle, Transport, parallel
 
-TEARDOWN_S = 15.0  # TERM grace in the supervisor is 5 s, KILL after; this bounds the wait for reports
+TEARDOWN_S = 15.0  # bounds the wait for stop reports (supervisors: TERM, stop_grace, KILL)
 SAVE_EVERY_S = 1.0
 
 

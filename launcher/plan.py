@@ -23,6 +23,7 @@ class TaskPlan:
     run_dir: str  # the task's folder on its host; relative paths are relative to cwd
     argv: tuple[str, ...]
     env: dict[str, str]
+    grace: float = 1.5
 
     @property
     def label(self) -> str:
@@ -31,7 +32,7 @@ class TaskPlan:
     def supervisor_argv(self, attempt: int) -> list[str]:
         cpus = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir,
-                "--attempt", str(attempt), *cpus, "--", *self.argv]
+                "--attempt", str(attempt), "--grace", f"{self.grace:g}", *cpus, "--", *self.argv]
 
 
 def mgpu_home() -> Path:
@@ -76,7 +77,7 @@ def plan_tasks(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
         run_dir = f"{run_root(host, run_id)}/task-{i}"
         plans.append(TaskPlan(
             index=i, host=host, python=python, cwd=host.workdir, run_dir=run_dir,
-            argv=worker_argv(spec, python), env=task_env(spec, i, run_id, run_dir),
+            argv=worker_argv(spec, python), env=task_env(spec, i, run_id, run_dir), grace=spec.launch.stop_grace,
         ))
     return plans
 

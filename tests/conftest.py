@@ -75,4 +75,4 @@ def cli(tmp_path):
             p.kill()
         except psutil.Error:
             pass
-    assert not left, f"processes left running after the test: {[p.pid for p in left]}"
+    assert not left, f"processes left running after the test: {[(p.pid, p.info) for p in left]}"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 MARK = "\x1emgpu "
-GRACE_S = 5.0
+GRACE_S = 1.5  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
 
 
@@ -61,8 +61,8 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, attempt: int, argv: list[str], cpus: list[int] | None):
-        self.run_dir, self.attempt, self.argv, self.cpus = run_dir, attempt, argv, cpus
+    def __init__(self, run_dir: Path, attempt: int, argv: list[str], cpus: list[int] | None, grace: float = GRACE_S):
+        self.run_dir, self.attempt, self.argv, self.cpus, self.grace = run_dir, attempt, argv, cpus, grace
         self.out_lock = threading.Lock()
         self.stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
@@ -142,15 +142,15 @@ class Supervisor:
             return
         self.stopping.set()
         self.say(f"stopping task ({reason})")
-        stop_group(self.proc)
+        stop_group(self.proc, self.grace)
 
 
 def watch_stdin(sup: Supervisor) -> None:
     """EOF on stdin means the launcher (or the SSH connection to it) is gone."""
     try:
-        while sys.stdin.buffer.read1(4096):
+        while os.read(0, 4096):  # the raw fd: a buffered reader's lock would block our exit
             pass
-    except (OSError, ValueError):
+    except OSError:
         pass
     sup.stop("launcher went away")
 
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path, help="the task's folder on this host")
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--cpus", default="", help="comma-separated cores to pin the task to")
+    parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between TERM and KILL")
     parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not program:
         parser.error("give the program to run after --")
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
-    sup = Supervisor(args.run_dir.resolve(), args.attempt, program, cpus)
+    sup = Supervisor(args.run_dir.resolve(), args.attempt, program, cpus, args.grace)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: threading.Thread(
             target=sup.stop, args=(signal.Signals(signum).name,), daemon=True).start())
@@ -178,4 +179,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # don't wait for the watcher threads

@@ -1,0 +1,272 @@
+"""`up`, `status`, `logs`, `down` on one machine: real processes, real TensorFlow, real signals."""
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, free_port, run_processes, wait_gone
+
+DIGITS = 'entrypoint = "worker.examples.digits:task"'
+
+
+def write_spec(tmp_path: Path, training: str = DIGITS, n: int = 2, launch: str = "", extra: str = "",
+               env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"') -> Path:
+    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\n' for _ in range(n))
+    text = (f'[defaults]\ngpus = "none"\nenv = {{ {env} }}\n{extra}'
+            f"{hosts}[training]\n{training}\n[launch]\n{launch}\n")
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def latest_state(cli) -> dict | None:
+    runs = sorted((cli.home / "runs").glob("*/state.json")) if (cli.home / "runs").exists() else []
+    if not runs:
+        return None
+    try:
+        return json.loads(runs[-1].read_text())
+    except ValueError:
+        return None
+
+
+def progress(task: dict) -> dict:
+    try:
+        return json.loads((Path(task["run_dir"]) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def all_training(cli):
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all(progress(t).get("global_step", 0) > 0 for t in st["tasks"]):
+        return st
+    return None
+
+
+def status_json(cli, *args) -> dict:
+    r = cli("status", "--json", *args, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_example_cluster_trains_and_status_shows_it(cli):
+    r = cli("up", REPO / "cluster.example.toml", timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "task0 worker-0 |" in out and "task1 worker-1 |" in out  # prefixed worker lines
+    assert "phases:" in out and "succeeded" in out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded"
+    assert [t["state"] for t in snap["tasks"]] == ["succeeded", "succeeded"]
+    for t in snap["tasks"]:
+        assert t["epoch"] == t["epochs"] == 5
+        assert t["metrics"]["val_accuracy"] >= 0.90, t
+    logs = cli("logs", "--task", "1", "--tail", "3", timeout=60)
+    assert logs.returncode == 0 and logs.stdout.strip()
+    assert len(logs.stdout.strip().splitlines()) == 3
+    assert (cli.home / "runs" / snap["run_id"] / "state.json").exists()
+    assert not list(Path(cli.cwd).glob(".mgpu*"))  # nothing written in the user's folder
+
+
+def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
+    spec = write_spec(tmp_path, DIGITS + "\nepochs = 200")
+    up = cli.popen("up", spec)
+    try:
+        st = wait_for(lambda: all_training(cli), 240, "both workers training")
+        victim, other = st["tasks"][1], st["tasks"][0]
+        survivors = [psutil.Process(other["pid"]), psutil.Process(other["supervisor_pid"])]
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        gone, alive = psutil.wait_procs(survivors, timeout=10)
+        took = time.time() - killed_at
+        assert not alive and took < 3.0, f"other worker still there after {took:.1f} s"
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1, out
+    assert "task 1" in out and "SIGKILL" in out and "Traceback" not in out
+    assert not wait_gone(cli.home, 5)
+
+
+def test_sigint_to_up_stops_everything_with_130(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]')
+    up = cli.popen("up", spec)
+    try:
+        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
+        pids = [t["pid"] for t in latest_state(cli)["tasks"]]
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, out
+    assert "interrupted" in out.lower() and "Traceback" not in out
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not wait_gone(cli.home, 5)
+    assert status_json(cli)["state"] == "stopped"
+
+
+def test_sigterm_to_up_exits_130(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; time.sleep(600)"]', n=1)
+    up = cli.popen("up", spec)
+    try:
+        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, out
+    assert not wait_gone(cli.home, 5)
+
+
+def test_launcher_killed_with_9_leaves_no_workers(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; time.sleep(600)"]')
+    up = cli.popen("up", spec)
+    try:
+        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
+        up.kill()
+        up.wait(10)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert not wait_gone(cli.home, 10), "workers outlived their launcher"
+    assert status_json(cli)["state"] == "lost"
+
+
+def test_busy_port_refused_before_anything_starts(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "open(\'started\', \'w\')"]')
+    port = int(spec.read_text().split("port = ")[2].split()[0])
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    try:
+        r = cli("up", spec, timeout=120)
+    finally:
+        holder.close()
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert f"port {port} is in use by pid {os.getpid()}" in out and "nothing was started" in out
+    assert not (tmp_path / "started").exists()
+    assert not run_processes(cli.home)
+
+
+def test_detach_status_down(cli, tmp_path):
+    spec = write_spec(tmp_path, DIGITS + "\nepochs = 300")
+    t0 = time.time()
+    r = cli("up", "--detach", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "running detached" in r.stdout
+    try:
+        first = wait_for(lambda: (lambda s: s if all((t["global_step"] or 0) > 0 for t in s["tasks"]) else None)(
+            status_json(cli)), 240, "steps in status")
+        assert first["state"] == "running" and all(t["state"] == "running" for t in first["tasks"])
+        assert all(t["heartbeat_age"] is not None and t["rss"] for t in first["tasks"])
+        later = wait_for(lambda: (lambda s: s if s["tasks"][0]["global_step"] > first["tasks"][0]["global_step"]
+                                  else None)(status_json(cli)), 60, "steps advancing")
+        assert later["tasks"][1]["global_step"] >= first["tasks"][1]["global_step"]
+        table = cli("status", timeout=60)
+        assert table.returncode == 0 and "running" in table.stdout
+    finally:
+        d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert not wait_gone(cli.home, 5)
+    assert status_json(cli)["state"] == "stopped"
+    again = cli("down", timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert time.time() - t0 < 600
+
+
+def test_restart_resumes_from_checkpoint(cli, tmp_path):
+    spec = write_spec(tmp_path, DIGITS + "\nepochs = 5\nsteps_per_epoch = 60\nbatch_size_per_replica = 8",
+                      launch="max_restarts = 1")
+    up = cli.popen("up", spec)
+    try:
+        def after_epoch_2():  # epoch 3 has begun, so epoch 2 ended and was checkpointed
+            st = latest_state(cli)
+            return st if st and st["state"] == "running" and progress(st["tasks"][1]).get("epoch", 0) >= 3 else None
+
+        st = wait_for(after_epoch_2, 300, "epoch 3 to begin")
+        os.kill(st["tasks"][1]["pid"], signal.SIGKILL)
+        out, _ = up.communicate(timeout=400)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, out
+    assert "restarting the whole group" in out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["attempt"] == 1
+    for t in snap["tasks"]:
+        p = progress(t)
+        assert p["first_epoch"] == 3 and p["epoch"] == 5, p
+    assert "resuming at epoch 3" in out
+
+
+HANG = """
+import json, os, time
+d = os.environ["MGPU_RUN_DIR"]
+for step in range(1, 4):
+    with open(os.path.join(d, ".p"), "w") as f:
+        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    time.sleep(0.3)
+print("now hanging", flush=True)
+time.sleep(600)
+"""
+
+
+def test_hung_worker_fails_the_run_by_heartbeat(cli, tmp_path):
+    (tmp_path / "hang.py").write_text(HANG)
+    spec = write_spec(tmp_path, 'command = ["python3", "hang.py"]', launch="heartbeat_timeout = 3",
+                      extra=f'workdir = "{tmp_path}"\n')
+    t0 = time.time()
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "sent no progress" in out and "heartbeat_timeout = 3" in out and "now hanging" in out
+    assert time.time() - t0 < 60
+    assert not wait_gone(cli.home, 5)
+    assert not run_processes(tmp_path)
+
+
+def test_dry_run_masks_secrets_and_starts_nothing(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "open(\'started\', \'w\')"]',
+                      env='API_TOKEN = "hunter2", PLAIN = "visible"')
+    r = cli("up", "--dry-run", spec, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "hunter2" not in r.stdout and "API_TOKEN=****" in r.stdout and "PLAIN=visible" in r.stdout
+    assert "TF_CONFIG=" in r.stdout and "worker.supervisor" in r.stdout
+    assert not (tmp_path / "started").exists() and not run_processes(cli.home)
+
+
+def test_failing_command_exit_code_and_log_tail(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "import os, sys, time; print(\'boom soon\'); '
+                                "sys.exit(3) if os.environ['MGPU_TASK_INDEX'] == '1' else time.sleep(600)\"]")
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "task 1" in out and "exited with code 3" in out and "boom soon" in out
+    assert not wait_gone(cli.home, 5)
+
+
+@pytest.mark.parametrize("args", [["status"], ["logs"], ["down"]])
+def test_commands_without_runs_explain(cli, args):
+    r = cli(*args, timeout=60)
+    assert r.returncode == 2 and "No runs yet" in r.stderr and "Traceback" not in r.stderr
