@@ -56,11 +56,13 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     t = spec.training
     if t.command is not None:
         return tuple(t.command)
-    argv = [python, "-m", "worker", "--entrypoint", t.entrypoint, "--epochs", str(t.epochs),
-            "--batch-size-per-replica", str(t.batch_size_per_replica), "--learning-rate", repr(t.learning_rate),
-            "--scale-learning-rate" if t.scale_learning_rate else "--no-scale-learning-rate"]
-    if t.steps_per_epoch:
-        argv += ["--steps-per-epoch", str(t.steps_per_epoch)]
+    argv = [python, "-m", "worker", "--entrypoint", t.entrypoint]
+    for flag, value in (("--epochs", t.epochs), ("--steps-per-epoch", t.steps_per_epoch),
+                        ("--batch-size-per-replica", t.batch_size_per_replica), ("--learning-rate", t.learning_rate)):
+        if value is not None:
+            argv += [flag, repr(value)]
+    if t.scale_learning_rate is not None:
+        argv += ["--scale-learning-rate" if t.scale_learning_rate else "--no-scale-learning-rate"]
     if t.checkpoint_dir:
         argv += ["--checkpoint-dir", t.checkpoint_dir]
     if t.tensorboard:

@@ -92,11 +92,12 @@ class Host(HostOptions):
 class Training(_Model):
     entrypoint: Optional[str] = None
     command: Optional[list[str]] = Field(default=None, min_length=1)
-    epochs: PositiveInt = 1
+    # None: the entrypoint's own default
+    epochs: Optional[PositiveInt] = None
     steps_per_epoch: Optional[PositiveInt] = None
-    batch_size_per_replica: PositiveInt = 64
-    learning_rate: PositiveFloat = 0.001
-    scale_learning_rate: bool = True
+    batch_size_per_replica: Optional[PositiveInt] = None
+    learning_rate: Optional[PositiveFloat] = None
+    scale_learning_rate: Optional[bool] = None
     checkpoint_dir: Optional[str] = None
     tensorboard: Optional[str] = None
     mixed_precision: bool = False

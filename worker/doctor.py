@@ -2,6 +2,14 @@
 
     python -m worker.doctor --port 20000 [--port ...] [--entrypoint mod:fn | --program prog]
                             [--gpus 0,1] [--writable DIR ...]
+
+Cluster check (every worker must reach every other worker's port), run on all hosts at once:
+
+    python -m worker.doctor --listen 20000 --token T --index I --peer J=ADDR:PORT ... [--seconds S]
+
+listens on the port for S seconds at most, connects to every peer's port (the peers run the same
+at the same time), and prints which peers it reached and which reached it. Only a listener that
+answers with the same token counts, so an unrelated service on the port does not pass.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import psutil
 
@@ -124,14 +134,121 @@ def doctor(ports, entrypoint=None, program=None, gpus=None, writable=()) -> dict
     }
 
 
+def _connect_reason(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens there, or a firewall rejects it)"
+    if isinstance(exc, socket.timeout):
+        return "timed out (a firewall drops it, or the address leads nowhere)"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def mesh(port: int, token: str, index: int, peers: dict[int, str], seconds: float) -> dict:
+    """Listen on `port` and reach every peer's listener; done when all are reached both ways."""
+    deadline = time.monotonic() + seconds
+    heard: set[int] = set()
+    lock = threading.Lock()
+    result = {"index": index, "port": port, "listen_error": None, "reached": [], "unreached": {},
+              "heard_from": []}
+    try:  # all addresses, like TensorFlow's gRPC server (IPv6 too where the host has it)
+        dual = socket.has_dualstack_ipv6()
+        server = socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET,
+                                      backlog=64, reuse_port=False, dualstack_ipv6=dual)
+    except OSError as exc:
+        result["listen_error"] = exc.strerror or str(exc)
+        server = None
+
+    def serve_one(conn: socket.socket) -> None:
+        """Hello '<token> <peer index>' in, '<token> ok' out; the peer closes first (no TIME_WAIT here)."""
+        try:
+            conn.settimeout(max(0.5, deadline - time.monotonic()))
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 200:
+                chunk = conn.recv(200)
+                if not chunk:
+                    return
+                data += chunk
+            words = data.decode("ascii", "replace").split()
+            if len(words) == 2 and words[0] == token and words[1].isdigit():
+                conn.sendall(f"{token} ok\n".encode())
+                with lock:
+                    heard.add(int(words[1]))
+                while conn.recv(200):
+                    pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _addr = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    if server is not None:
+        threading.Thread(target=accept, daemon=True).start()
+
+    pending = dict(peers)
+    last: dict[int, str] = {}
+    while pending and time.monotonic() < deadline:
+        for j, address in list(pending.items()):
+            host, _, p = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(p)),
+                                              timeout=max(0.2, min(2.0, deadline - time.monotonic()))) as c:
+                    c.settimeout(max(0.2, min(2.0, deadline - time.monotonic())))
+                    c.sendall(f"{token} {index}\n".encode())
+                    answer = c.makefile("rb").readline(200).decode("ascii", "replace").split()
+                if answer == [token, "ok"]:
+                    del pending[j]
+                    result["reached"].append(j)
+                else:
+                    last[j] = "something else answers on that address and port (not this check's listener)"
+            except OSError as exc:
+                last[j] = _connect_reason(exc)
+        if pending:
+            time.sleep(0.1)
+    result["unreached"] = {str(j): {"address": a, "reason": last.get(j, "not tried before the deadline")}
+                           for j, a in pending.items()}
+    while server is not None and time.monotonic() < deadline:  # stay up until every peer reached us
+        with lock:
+            if heard >= set(peers):
+                break
+        time.sleep(0.02)
+    if server is not None:
+        server.close()
+    time.sleep(0.05)  # let the last answers go out before the process ends
+    with lock:
+        result["heard_from"] = sorted(heard)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, action="append", default=[])
     parser.add_argument("--entrypoint")
     parser.add_argument("--program")
     parser.add_argument("--gpus", default="")
     parser.add_argument("--writable", action="append", default=[])
+    parser.add_argument("--listen", type=int, metavar="PORT", help="cluster check: listen on PORT")
+    parser.add_argument("--token", default="mgpu-doctor", help="cluster check: shared secret of this check")
+    parser.add_argument("--index", type=int, default=0, help="cluster check: this task's index")
+    parser.add_argument("--peer", action="append", default=[], metavar="J=ADDR:PORT",
+                        help="cluster check: another task's index and address")
+    parser.add_argument("--seconds", type=float, default=8.0, help="cluster check: give up after this long")
     args = parser.parse_args(argv)
+    if args.listen is not None:
+        peers = {}
+        for item in args.peer:
+            j, _, address = item.partition("=")
+            if not j.isdigit() or ":" not in address:
+                parser.error(f"--peer {item!r}: give J=ADDR:PORT")
+            peers[int(j)] = address
+        print(json.dumps(mesh(args.listen, args.token, args.index, peers, args.seconds)), flush=True)
+        return 0
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     print(json.dumps(doctor(args.port, args.entrypoint, args.program, gpus, args.writable)))
     return 0

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,28 +32,55 @@ def _process(pid_text: str | None) -> psutil.Process | None:
         return None
 
 
-def probe(run_dir: str) -> dict:
-    """What a task's folder says: pid, alive, exit code, progress, CPU% and RSS."""
-    d = Path(run_dir)
-    pid = _read(d / "pid")
-    code = _read(d / "exit_code")
-    proc = _process(pid)
-    out = {"dir": run_dir, "pid": int(pid) if pid else None, "alive": proc is not None,
-           "exit_code": int(code) if code else None, "progress": None, "cpu_percent": None, "rss": None}
+def gpu_utilization() -> list[int] | None:
+    """Per-GPU utilisation in percent from nvidia-smi, or None on hosts without it."""
+    if not shutil.which("nvidia-smi"):
+        return None
     try:
-        out["progress"] = json.loads((d / "progress.json").read_text())
-    except (OSError, ValueError):
-        pass
-    if proc is not None:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [int(x) for x in out.split() if x.strip().isdigit()]
+
+
+def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
+    """What each task's folder says: pid, alive, exit code, progress, CPU% (over cpu_window) and RSS."""
+    rows, procs = [], []
+    for run_dir in run_dirs:
+        d = Path(run_dir)
+        pid, code = _read(d / "pid"), _read(d / "exit_code")
+        proc = _process(pid)
+        row = {"dir": run_dir, "pid": int(pid) if pid else None, "alive": proc is not None,
+               "exit_code": int(code) if code else None, "progress": None, "cpu_percent": None, "rss": None}
         try:
-            with proc.oneshot():
-                procs = [proc, *proc.children(recursive=True)]
-                out["rss"] = sum(p.memory_info().rss for p in procs)
-                out["cpu_percent"] = round(proc.cpu_percent(interval=0.1), 1)
+            row["progress"] = json.loads((d / "progress.json").read_text())
+        except (OSError, ValueError):
+            pass
+        if proc is not None:
+            try:
+                proc.cpu_percent(None)  # starts the measuring window
+            except psutil.Error:
+                proc = None
+        rows.append(row)
+        procs.append(proc)
+    if any(procs) and cpu_window:
+        time.sleep(cpu_window)
+    gpus = gpu_utilization()
+    for row, proc in zip(rows, procs):
+        row["gpu_util"], row["time"] = gpus, time.time()
+        if proc is None:
+            continue
+        try:
+            row["cpu_percent"] = round(proc.cpu_percent(None), 1)
+            row["rss"] = sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
         except psutil.Error:
             pass
-    out["time"] = time.time()
-    return out
+    return rows
+
+
+def probe(run_dir: str) -> dict:
+    return probe_many([run_dir])[0]
 
 
 def stop(run_dir: str, grace: float = 5.0) -> dict:
@@ -75,9 +104,10 @@ def stop(run_dir: str, grace: float = 5.0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    action = stop if args[:1] == ["--stop"] else probe
-    dirs = args[1:] if action is stop else args
-    print(json.dumps([action(d) for d in dirs]))
+    if args[:1] == ["--stop"]:
+        print(json.dumps([stop(d) for d in args[1:]]))
+    else:
+        print(json.dumps(probe_many(args)))
     return 0
 
 

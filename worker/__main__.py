@@ -1,0 +1,86 @@
+"""`python -m worker --entrypoint MODULE:FUNCTION [...]`: run the built-in trainer on this task."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
+
+from worker.runner import (DEFAULT_BATCH_SIZE_PER_REPLICA, DEFAULT_EPOCHS,
+                           DEFAULT_LEARNING_RATE, RunConfig, WorkerError, run)
+
+ENVIRONMENT = """\
+environment:
+  TF_CONFIG          cluster and this task ({"cluster": {"worker": [...]}, "task": {...}});
+                     unset: one process (MirroredStrategy over local GPUs, or CPU)
+  MGPU_RUN_DIR       this task's folder: progress.json goes there (unset: no progress file)
+  MGPU_TASK_INDEX    task number written to progress.json (default: from TF_CONFIG)
+  MGPU_DATA          data path read by the bundled examples (worker.examples.*)
+  MGPU_PROGRESS_INTERVAL  seconds between progress.json writes on batches (default 1)
+  MGPU_TF_DATA_AUTOTUNE=1 tf.data autotune back on (benchmarks; fit may end seconds late)
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m worker",
+        description="Train the model of an entrypoint on this task, together with the\n"
+                    "other tasks of TF_CONFIG (MultiWorkerMirroredStrategy).",
+        epilog=ENVIRONMENT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--entrypoint", required=True, metavar="MODULE:FUNCTION",
+                   help="function returning a worker.Task, e.g. worker.examples.digits:task "
+                        "(the current directory is importable)")
+    p.add_argument("--epochs", type=int, metavar="N", help=f"epochs to train (default: the task's, "
+                   f"else {DEFAULT_EPOCHS})")
+    p.add_argument("--steps-per-epoch", type=int, metavar="N",
+                   help="steps per epoch (default: the task's, else examples // global batch)")
+    p.add_argument("--batch-size-per-replica", type=int, metavar="N",
+                   help=f"batch per replica; global batch = this x replicas in sync "
+                        f"(default: the task's, else {DEFAULT_BATCH_SIZE_PER_REPLICA})")
+    p.add_argument("--learning-rate", type=float, metavar="F",
+                   help=f"base learning rate (default: the task's, else {DEFAULT_LEARNING_RATE})")
+    p.add_argument("--scale-learning-rate", action=argparse.BooleanOptionalAction, default=True,
+                   help="multiply the learning rate by the replicas in sync, reached by a "
+                        "linear warm-up (default: on)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="BackupAndRestore folder, shared by the run's tasks "
+                        "(default: $MGPU_RUN_DIR/../checkpoint, else ./checkpoint)")
+    p.add_argument("--tensorboard", metavar="LOGDIR",
+                   help="TensorBoard log folder (the chief writes it; others a temporary one)")
+    p.add_argument("--mixed-precision", action="store_true", help="mixed_float16 policy")
+    p.add_argument("--model-dir", metavar="DIR",
+                   help="where the chief saves model.keras (default: $MGPU_RUN_DIR/.., else ./)")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where progress.json goes (default: $MGPU_RUN_DIR, else none)")
+    p.add_argument("--save-weights", metavar="PATH",
+                   help="every task saves its final weights as .npz here; {task} becomes the "
+                        "task index")
+    p.add_argument("--communication", choices=("auto", "ring", "nccl"), default="auto",
+                   help="collective implementation between workers (auto: NCCL with GPUs, "
+                        "else RING)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+    args = parser().parse_args(argv)
+    config = RunConfig(
+        entrypoint=args.entrypoint, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+        batch_size_per_replica=args.batch_size_per_replica, learning_rate=args.learning_rate,
+        scale_learning_rate=args.scale_learning_rate, checkpoint_dir=args.checkpoint_dir,
+        tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
+        model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,
+        communication=args.communication)
+    try:
+        run(config)
+    except (WorkerError, ImportError) as exc:
+        print(f"worker: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

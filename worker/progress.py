@@ -1,0 +1,249 @@
+"""progress.json: the task's heartbeat and training progress, rewritten atomically.
+
+`ProgressWriter` is plain Python (the launcher's side may read the file with
+`read_progress`); `ProgressCallback` is the Keras callback that feeds it, created on first
+use so that importing this module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+FILENAME = "progress.json"
+STATES = ("starting", "training", "done")
+DEFAULT_INTERVAL_S = 1.0
+
+
+def _number(value: Any) -> float | None:
+    """A float fit for JSON (None for NaN/inf or anything not a number)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN/inf floats (also inside dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Writes `data` to `path` through a temporary file and os.replace (readers never see half)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(_finite(data), handle, indent=1, allow_nan=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def read_progress(path: str) -> dict | None:
+    """The last progress written at `path` (a progress.json or the folder that holds it)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, FILENAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+class ProgressWriter:
+    """Holds the progress fields of one task and writes them to `<run_dir>/progress.json`.
+
+    With `run_dir=None` nothing is written (a task started by hand); the fields are still kept.
+    `update()` writes at most every `interval` seconds unless `force=True`. Only training
+    code calls it, so the file's `time` goes silent when training hangs.
+    """
+
+    def __init__(self, run_dir: str | None, task: int = 0, epochs: int = 0,
+                 steps_per_epoch: int | None = None, interval: float | None = None):
+        self.path = os.path.join(run_dir, FILENAME) if run_dir else None
+        if run_dir:
+            os.makedirs(run_dir, exist_ok=True)
+        if interval is None:
+            interval = float(os.environ.get("MGPU_PROGRESS_INTERVAL", DEFAULT_INTERVAL_S))
+        self.interval = interval
+        self.fields: dict[str, Any] = {
+            "task": int(task), "state": "starting", "epoch": 0, "epochs": int(epochs),
+            "step": 0, "steps_per_epoch": steps_per_epoch, "global_step": 0, "first_epoch": 1,
+            "loss": None, "metrics": {}, "samples_per_sec": None, "time": time.time(),
+            "pid": os.getpid(),
+        }
+        self._last_write = 0.0
+
+    def due(self) -> bool:
+        """Whether an unforced `update()` would write now."""
+        return time.time() - self._last_write >= self.interval
+
+    def update(self, force: bool = False, **fields: Any) -> bool:
+        """Merges `fields`; writes when forced or when the interval has passed. True if written."""
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"state must be one of {STATES}, not {fields['state']!r}")
+        self.fields.update(fields)
+        if not force and not self.due():
+            return False
+        now = time.time()
+        self.fields["time"] = now
+        self._last_write = now
+        if self.path:
+            write_json_atomic(self.path, self.fields)
+        return True
+
+
+def format_epoch_line(epoch: int, epochs: int, logs: dict, samples_per_sec: float | None) -> str:
+    """`epoch 3/5 loss=0.12 accuracy=0.97 val_accuracy=0.95 samples/s=1234` (4 digits)."""
+    parts = [f"epoch {epoch}/{epochs}"]
+    for name, value in logs.items():
+        number = _number(value)
+        parts.append(f"{name}={number:.4g}" if number is not None else f"{name}=nan")
+    if samples_per_sec is not None:
+        parts.append(f"samples/s={samples_per_sec:.0f}")
+    return " ".join(parts)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+def _make_callback_class():
+    from worker.strategy import import_keras
+
+    keras = import_keras()
+
+    class ProgressCallback(keras.callbacks.Callback):
+        """Keras callback: progress.json (throttled on batches, always on epochs) + epoch lines.
+
+        run_dir: where progress.json goes (default MGPU_RUN_DIR; None/unset -> no file);
+        or `writer`: a ProgressWriter to feed (task and interval are then the writer's).
+        global_batch_size: samples per step over all replicas, for samples/s.
+        mark_done_on_train_end: write state "done" at the end of fit; the runner passes False
+        and calls `mark_done()` itself once the model is saved.
+        """
+
+        def __init__(self, run_dir: str | None = "", *, writer: ProgressWriter | None = None,
+                     task: int | None = None,
+                     epochs: int | None = None, steps_per_epoch: int | None = None,
+                     global_batch_size: int | None = None, interval: float | None = None,
+                     mark_done_on_train_end: bool = True,
+                     log: Callable[[str], None] | None = _say):
+            super().__init__()
+            if writer is None:
+                if run_dir == "":
+                    run_dir = os.environ.get("MGPU_RUN_DIR") or None
+                if task is None:
+                    from worker.strategy import task_id_from_env
+
+                    task = task_id_from_env()
+                writer = ProgressWriter(run_dir, task=task, interval=interval)
+            self.writer = writer
+            if epochs:
+                writer.fields["epochs"] = int(epochs)
+            if steps_per_epoch:
+                writer.fields["steps_per_epoch"] = int(steps_per_epoch)
+            self.last_epoch_end: float | None = None  # time.time() of the last epoch end
+            self.global_batch_size = global_batch_size
+            self.mark_done_on_train_end = mark_done_on_train_end
+            self.log = log
+            self._supports_tf_logs = True  # logs stay tensors; converted only when written
+            self._first_epoch: int | None = None
+            self._epoch = 0
+            self._step = 0
+            self._rate_start: tuple[float, int] | None = None
+
+        # --- helpers -------------------------------------------------------------------
+        def _steps(self) -> int | None:
+            return self.writer.fields["steps_per_epoch"] or self.params.get("steps")
+
+        def _global_step(self) -> int:
+            steps = self._steps()
+            return (self._epoch - 1) * steps + self._step if steps else self._step
+
+        def _samples_per_sec(self) -> float | None:
+            if not self.global_batch_size or self._rate_start is None:
+                return None
+            start, step0 = self._rate_start
+            elapsed = time.time() - start
+            if self._step <= step0 or elapsed <= 0:
+                return None
+            return (self._step - step0) * self.global_batch_size / elapsed
+
+        @staticmethod
+        def _split(logs: dict | None) -> tuple[float | None, dict]:
+            logs = dict(logs or {})
+            loss = _number(logs.pop("loss", None))
+            return loss, {name: _number(value) for name, value in logs.items()}
+
+        def mark_done(self) -> None:
+            self.writer.update(force=True, state="done")
+
+        # --- Keras hooks ---------------------------------------------------------------
+        def on_train_begin(self, logs=None):
+            epochs = self.writer.fields["epochs"] or self.params.get("epochs") or 0
+            self.writer.update(force=True, state="training", epochs=epochs,
+                               steps_per_epoch=self._steps())
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch, self._step, self._rate_start = epoch + 1, 0, None
+            if self._first_epoch is None:
+                self._first_epoch = epoch + 1
+                if epoch > 0 and self.log:
+                    self.log(f"resuming at epoch {epoch + 1}")
+            self.writer.update(force=True, state="training", epoch=self._epoch, step=0,
+                               first_epoch=self._first_epoch, global_step=self._global_step(),
+                               samples_per_sec=None)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._step = batch + 1
+            if self._rate_start is None:  # rate from the first finished step (no tracing time)
+                self._rate_start = (time.time(), self._step)
+            if not self.writer.due():
+                return
+            loss, metrics = self._split(logs)
+            metrics = {**self.writer.fields["metrics"], **metrics}
+            self.writer.update(step=self._step, global_step=self._global_step(), loss=loss,
+                               metrics=metrics, samples_per_sec=self._samples_per_sec())
+
+        def on_test_batch_end(self, batch, logs=None):
+            self.writer.update()  # validation is progress too: keep the heartbeat going
+
+        def on_epoch_end(self, epoch, logs=None):
+            rate = self._samples_per_sec()
+            loss, metrics = self._split(logs)
+            steps = self._steps()
+            if steps:
+                self._step = steps
+            self.writer.update(force=True, epoch=epoch + 1, step=self._step,
+                               global_step=self._global_step(), loss=loss, metrics=metrics,
+                               samples_per_sec=rate)
+            if self.log:
+                shown = {"loss": loss, **metrics} if loss is not None else metrics
+                self.log(format_epoch_line(epoch + 1, self.writer.fields["epochs"], shown, rate))
+            self.last_epoch_end = time.time()
+
+        def on_train_end(self, logs=None):
+            if self.mark_done_on_train_end:
+                self.writer.update(force=True, state="done")
+            else:
+                self.writer.update(force=True)
+
+    return ProgressCallback
+
+
+def __getattr__(name: str):
+    if name == "ProgressCallback":
+        cls = _make_callback_class()
+        globals()["ProgressCallback"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

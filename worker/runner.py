@@ -1,0 +1,384 @@
+"""The built-in runner: entrypoint -> strategy, input pipeline, model, fit, progress, save.
+
+`Task` is the contract of an entrypoint `module:function`; `run(RunConfig)` does the rest.
+TensorFlow is imported inside `run`, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from worker.progress import ProgressWriter
+from worker.strategy import SHARD_POLICIES, cluster_from_env, task_id_from_env
+
+DEFAULT_EPOCHS = 1
+DEFAULT_BATCH_SIZE_PER_REPLICA = 64
+DEFAULT_LEARNING_RATE = 0.001
+
+
+class WorkerError(Exception):
+    """A problem the user can fix; the message says what to do (no traceback needed)."""
+
+
+class EntrypointError(WorkerError):
+    """The entrypoint cannot be imported, called, or returned something that is not a Task."""
+
+
+@dataclass
+class DataContext:
+    """What a dataset builder is told about the input pipeline it feeds."""
+
+    global_batch_size: int  # per-replica batch x replicas in sync
+    per_replica_batch_size: int
+    num_replicas: int  # replicas in sync over all workers
+    num_workers: int  # input pipelines: one per worker
+    worker_index: int  # this worker's input pipeline id (0 = chief)
+    training: bool  # True for train_data, False for val_data
+    input_context: Any  # the tf.distribute.InputContext of this worker
+
+    def shard(self, dataset):
+        """This worker's share of `dataset` (for Task(shard="off"), e.g. a list of files)."""
+        return dataset.shard(self.num_workers, self.worker_index)
+
+
+@dataclass
+class Task:
+    """What an entrypoint function returns; the runner does sharding, batching and `fit`.
+
+    model: builds the *uncompiled* Keras model; called inside `strategy.scope()`.
+    train_data / val_data: `(DataContext) -> tf.data.Dataset` of single, *unbatched*
+        `(features, label)` examples; the runner caches, shuffles, batches and prefetches.
+    shard: "data" (in-memory data: every worker builds it all, keeps 1/N: AutoShardPolicy.DATA),
+        "file" (a file-reading pipeline such as TFRecordDataset over a file list:
+        AutoShardPolicy.FILE), "off" (the builder already took `ctx.shard(...)` of its files).
+    optimizer: a Keras optimizer name, or `(learning_rate) -> optimizer`.
+    The remaining fields are defaults that command-line flags override.
+    """
+
+    model: Callable[[], Any]
+    train_data: Callable[[DataContext], Any]
+    val_data: Callable[[DataContext], Any] | None = None
+    loss: Any = "sparse_categorical_crossentropy"
+    metrics: Sequence[Any] = ("accuracy",)
+    optimizer: str | Callable[[Any], Any] = "adam"
+    epochs: int | None = None
+    batch_size_per_replica: int | None = None
+    learning_rate: float | None = None
+    steps_per_epoch: int | None = None  # default: examples // global batch
+    validation_steps: int | None = None  # default: the whole validation set
+    shard: str = "data"
+    cache: bool = True  # cache the examples in memory before shuffling
+    shuffle_buffer: int = 10_000
+    prefetch: int = 2  # batches; fixed, as tf.data autotune is off (strategy.dataset_options)
+    warmup_epochs: float = 1.0  # linear warm-up to the scaled learning rate
+    seed: int = 1234  # shuffle and initialisation seed, the same on every worker
+    callbacks: Sequence[Any] | Callable[[], Sequence[Any]] = ()  # extra Keras callbacks
+
+    def __post_init__(self):
+        if self.shard not in SHARD_POLICIES:
+            raise ValueError(f"Task.shard must be one of {SHARD_POLICIES}, not {self.shard!r}")
+
+
+@dataclass
+class RunConfig:
+    """The runner's settings; None means: the Task's value, else the runner's default."""
+
+    entrypoint: str
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    batch_size_per_replica: int | None = None
+    learning_rate: float | None = None
+    scale_learning_rate: bool = True
+    checkpoint_dir: str | None = None
+    tensorboard: str | None = None
+    mixed_precision: bool = False
+    model_dir: str | None = None
+    run_dir: str | None = None
+    save_weights: str | None = None
+    communication: str = "auto"
+    devices: Sequence[str] | None = None  # one worker: MirroredStrategy over these
+
+
+def default_dirs(run_dir: str | None) -> tuple[str, str]:
+    """(model_dir, checkpoint_dir): the run folder (parent of the task folder) or ./."""
+    base = os.path.dirname(os.path.abspath(run_dir)) if run_dir else os.getcwd()
+    return base, os.path.join(base, "checkpoint")
+
+
+def resolve_entrypoint(spec: str) -> Callable[[], Any]:
+    """Imports `module:function` (the current directory importable); returns the function."""
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise EntrypointError(f"entrypoint {spec!r} must look like 'module:function'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EntrypointError(f"entrypoint {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise EntrypointError(f"entrypoint {spec!r}: {module_name!r} has no function "
+                              f"{func_name!r}")
+    return func
+
+
+def load_entrypoint(spec: str, func: Callable[[], Any] | None = None) -> Task:
+    """Calls the entrypoint function; a returned dict is taken as Task(**dict)."""
+    task = (func or resolve_entrypoint(spec))()
+    if isinstance(task, dict):
+        try:
+            task = Task(**task)
+        except TypeError as exc:
+            raise EntrypointError(f"entrypoint {spec!r} returned a dict that is no Task: "
+                                  f"{exc}") from None
+    if not isinstance(task, Task):
+        raise EntrypointError(f"entrypoint {spec!r} returned {type(task).__name__}, "
+                              "not a worker.Task")
+    return task
+
+
+def _count(tf, dataset) -> int:
+    cardinality = int(dataset.cardinality())
+    if cardinality == int(tf.data.INFINITE_CARDINALITY):
+        raise WorkerError("train_data is infinite: give Task.steps_per_epoch or --steps-per-epoch")
+    if cardinality >= 0:
+        return cardinality
+    print("counting the training examples once (set steps_per_epoch to skip this)", flush=True)
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+def _counts_over_workers(tf, strategy, value: int, num_workers: int) -> list[int]:
+    """Every worker's `value`, in task order (a collective: every worker must call it)."""
+    if num_workers <= 1:
+        return [value]
+    local_replicas = strategy.num_replicas_in_sync // num_workers
+
+    def per_replica(ctx):
+        replica = ctx.replica_id_in_sync_group
+        own = tf.one_hot(replica // local_replicas, num_workers, dtype=tf.int64) * value
+        return own if replica % local_replicas == 0 else tf.zeros_like(own)
+
+    values = strategy.experimental_distribute_values_from_function(per_replica)
+    return [int(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)]
+
+
+def _check_backup_visible(tf, strategy, checkpoint_dir: str, num_workers: int) -> None:
+    """Every worker restores from the chief's backup in `checkpoint_dir` (tf_keras reads
+    `<dir>/chief`); a worker that cannot see it would start from epoch 1 while the others
+    resume. Refuse that (all workers together) instead of training diverged replicas."""
+    if num_workers <= 1:
+        return
+    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
+    seen = _counts_over_workers(tf, strategy, int(has_backup), num_workers)
+    if 0 < sum(seen) < num_workers:
+        have = [i for i, flag in enumerate(seen) if flag]
+        missing = [i for i, flag in enumerate(seen) if not flag]
+        raise WorkerError(f"task(s) {have} found a backup to resume from, task(s) {missing} did "
+                          f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
+                          "storage that every host shares, or delete the backup to start over")
+
+
+def build_optimizer(keras, task: Task, learning_rate):
+    if callable(task.optimizer):
+        return task.optimizer(learning_rate)
+    return keras.optimizers.get({"class_name": task.optimizer,
+                                 "config": {"learning_rate": learning_rate}})
+
+
+def learning_rate_for(keras, base: float, replicas: int, scale: bool, warmup_steps: int):
+    """base x replicas when scaling, reached by a linear warm-up over `warmup_steps` steps."""
+    if not scale or replicas <= 1:
+        return base
+    target = base * replicas
+    if warmup_steps <= 0:
+        return target
+    # PolynomialDecay with power 1 and end > start is a linear ramp that then stays at `end`;
+    # a built-in schedule keeps the saved model loadable without custom objects.
+    return keras.optimizers.schedules.PolynomialDecay(
+        initial_learning_rate=base, decay_steps=warmup_steps, end_learning_rate=target,
+        power=1.0)
+
+
+def _resolve(*values, default):
+    for value in values:
+        if value is not None:
+            return value
+    return default
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(config: RunConfig) -> dict:
+    """Trains the entrypoint's task on this worker; returns a summary (history, paths, times)."""
+    run_dir = config.run_dir or os.environ.get("MGPU_RUN_DIR") or None
+    info = cluster_from_env()
+    task_id = task_id_from_env()
+    writer = ProgressWriter(run_dir, task=task_id)
+    writer.update(force=True, state="starting")
+
+    entrypoint = resolve_entrypoint(config.entrypoint)
+    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise WorkerError("--tensorboard needs the tensorboard package on every host: "
+                          "pip install tensorboard")
+
+    from worker.strategy import import_keras, set_mixed_precision, strategy_from_env
+
+    keras = import_keras()
+    import tensorflow as tf
+
+    if config.mixed_precision:
+        set_mixed_precision(True)
+    # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op, so the
+    # entrypoint (which may index files with TensorFlow) is called only afterwards.
+    strategy = strategy_from_env(devices=config.devices, communication=config.communication)
+    task = load_entrypoint(config.entrypoint, entrypoint)
+    keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
+    epochs = int(_resolve(config.epochs, task.epochs, default=DEFAULT_EPOCHS))
+    per_replica = int(_resolve(config.batch_size_per_replica, task.batch_size_per_replica,
+                               default=DEFAULT_BATCH_SIZE_PER_REPLICA))
+    base_lr = float(_resolve(config.learning_rate, task.learning_rate,
+                             default=DEFAULT_LEARNING_RATE))
+    model_dir, checkpoint_dir = default_dirs(run_dir)
+    model_dir = config.model_dir or model_dir
+    checkpoint_dir = config.checkpoint_dir or checkpoint_dir
+    replicas = strategy.num_replicas_in_sync
+    global_batch = per_replica * replicas
+    writer.update(force=True, epochs=epochs)
+    _say(f"task {task_id} of {info.num_workers} ({'chief' if info.is_chief else 'worker'}): "
+         f"{type(strategy).__name__}, {replicas} replica(s) in sync, "
+         f"global batch {global_batch} ({per_replica}/replica)")
+
+    train, val, steps = input_pipelines(tf, strategy, task, info.task_id, info.num_workers,
+                                        per_replica, config.steps_per_epoch)
+    with strategy.scope():
+        model = task.model()
+        learning_rate = learning_rate_for(keras, base_lr, replicas, config.scale_learning_rate,
+                                          warmup_steps=int(round(task.warmup_epochs * steps)))
+        model.compile(optimizer=build_optimizer(keras, task, learning_rate), loss=task.loss,
+                      metrics=list(task.metrics))
+
+    from worker.progress import ProgressCallback
+
+    progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
+                                global_batch_size=global_batch, mark_done_on_train_end=False)
+    _check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
+    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=checkpoint_dir)]  # first: backs
+    if config.tensorboard:  # up an epoch before anyone reports it finished
+        # tf_keras sends non-chief workers' logs to a temporary folder and removes it
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
+    extra = task.callbacks() if callable(task.callbacks) else task.callbacks
+    callbacks += [progress, *extra]
+
+    started = time.time()
+    history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
+                        validation_steps=task.validation_steps, callbacks=callbacks, verbose=0)
+    returned = time.time()
+    tail = returned - progress.last_epoch_end if progress.last_epoch_end else 0.0
+    _say(f"fit returned {tail:.2f}s after the last epoch end")
+
+    weights_path = None
+    if config.save_weights:
+        weights_path = save_weights(model, config.save_weights.replace("{task}", str(task_id)))
+    model_path = save_model(model, model_dir, info.is_chief)
+    progress.mark_done()
+    _say(f"done: fit took {returned - started:.1f}s"
+         + (f"; model saved to {model_path}" if model_path else ""))
+    return {"history": history.history, "model_path": model_path, "weights_path": weights_path,
+            "fit_tail_s": tail, "steps_per_epoch": steps, "global_batch_size": global_batch,
+            "replicas": replicas, "task": task_id}
+
+
+def input_pipelines(tf, strategy, task: Task, worker_index: int, num_workers: int,
+                    per_replica: int, steps: int | None):
+    """(train, val, steps per epoch): the task's examples cached, shuffled, batched to the
+    global batch, prefetched, with the task's shard policy and autotune off."""
+    from worker.strategy import dataset_options
+
+    replicas = strategy.num_replicas_in_sync
+    global_batch = per_replica * replicas
+
+    def context(training: bool) -> DataContext:
+        input_context = tf.distribute.InputContext(
+            num_input_pipelines=num_workers, input_pipeline_id=worker_index,
+            num_replicas_in_sync=replicas)
+        return DataContext(global_batch_size=global_batch, per_replica_batch_size=per_replica,
+                           num_replicas=replicas, num_workers=num_workers,
+                           worker_index=worker_index, training=training,
+                           input_context=input_context)
+
+    # autotune off with a fixed prefetch: see strategy.quiet_device_datasets
+    autotune = os.environ.get("MGPU_TF_DATA_AUTOTUNE", "0") == "1"
+    options = dataset_options(task.shard, autotune=autotune)
+    prefetch = tf.data.AUTOTUNE if autotune else task.prefetch
+
+    train = task.train_data(context(True))
+    steps = _resolve(steps, task.steps_per_epoch, default=None)
+    if steps is None:
+        examples = _count(tf, train)
+        if task.shard == "off":  # each worker holds only its own share
+            counts = _counts_over_workers(tf, strategy, examples, num_workers)
+            if min(counts) == 0:
+                raise WorkerError(f"training examples per worker: {counts}; every worker "
+                                  "needs some (fewer files than workers?)")
+            examples = sum(counts)
+        steps = examples // global_batch
+        if steps < 1:
+            raise WorkerError(f"{examples} training examples do not fill one global batch of "
+                              f"{global_batch}; lower --batch-size-per-replica")
+    if task.cache:
+        train = train.cache()
+    train = (train.shuffle(task.shuffle_buffer, seed=task.seed, reshuffle_each_iteration=True)
+             .batch(global_batch, drop_remainder=True)
+             .repeat()  # one iterator for the whole fit; every epoch is `steps` batches
+             .prefetch(prefetch)
+             .with_options(options))
+
+    val = None
+    if task.val_data is not None:
+        val = task.val_data(context(False))
+        if task.cache:
+            val = val.cache()
+        val = val.batch(global_batch).prefetch(prefetch).with_options(options)
+    return train, val, int(steps)
+
+
+def save_weights(model, path: str) -> str:
+    """The model's weights as an .npz (arr_0, arr_1, ... in `model.get_weights()` order)."""
+    import numpy as np
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    np.savez(path, *model.get_weights())
+    return path
+
+
+def save_model(model, model_dir: str, chief: bool | None = None) -> str | None:
+    """The chief writes `<model_dir>/model.keras` (atomically); other workers must take part
+    in the save too (TensorFlow reads distributed variables collectively), so they write to a
+    temporary folder that is deleted at once. Returns the chief's path, else None.
+    `chief` defaults to what TF_CONFIG says."""
+    if chief is None:
+        chief = cluster_from_env().is_chief
+    if not chief:
+        scratch = tempfile.mkdtemp(prefix="mgpu-model-")
+        try:
+            model.save(os.path.join(scratch, "model.keras"))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    os.makedirs(model_dir, exist_ok=True)
+    final = os.path.join(model_dir, "model.keras")
+    partial = os.path.join(model_dir, f".model-{os.getpid()}.partial.keras")
+    model.save(partial)
+    os.replace(partial, final)
+    return final
