@@ -25,6 +25,11 @@ def write_spec(tmp_path: Path, training: str = DIGITS, n: int = 2, launch: str =
     return path
 
 
+def launcher_traceback(out: str) -> bool:
+    """A traceback of the launcher itself (workers' own lines carry a 'taskN host |' prefix)."""
+    return any(line.startswith("Traceback") for line in out.splitlines())
+
+
 def wait_for(cond, timeout: float, what: str):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -101,7 +106,7 @@ def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
         if up.poll() is None:
             up.kill()
     assert up.returncode == 1, out
-    assert "task 1" in out and "SIGKILL" in out and "Traceback" not in out
+    assert "task 1" in out and "SIGKILL" in out and not launcher_traceback(out)
     assert not wait_gone(cli.home, 5)
 
 
@@ -117,7 +122,7 @@ def test_sigint_to_up_stops_everything_with_130(cli, tmp_path):
         if up.poll() is None:
             up.kill()
     assert up.returncode == 130, out
-    assert "interrupted" in out.lower() and "Traceback" not in out
+    assert "interrupted" in out.lower() and not launcher_traceback(out)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert not wait_gone(cli.home, 5)
     assert status_json(cli)["state"] == "stopped"
