@@ -77,7 +77,7 @@ def save(state: RunState) -> None:
 def load(run_id: str | None = None) -> RunState:
     """The run `run_id`, or the latest run when None."""
     if run_id is None:
-        candidates = sorted(runs_dir().glob("*/state.json"), key=lambda p: p.stat().st_mtime) if runs_dir().exists() else []
+        candidates = sorted(runs_dir().glob("*/state.json"))  # run ids start with their start time
         if not candidates:
             raise RunNotFound(f"No runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'.")
         path = candidates[-1]
