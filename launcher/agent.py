@@ -14,7 +14,7 @@ from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.transport import Event, Handle, Transport, parallel
 
-TEARDOWN_S = 15.0  # bounds the wait for stop reports (supervisors: TERM, stop_grace, KILL)
+TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for stop reports before acting alone
 SAVE_EVERY_S = 1.0
 
 
@@ -73,12 +73,13 @@ class Agent:
         spawn_at = time.time()
         self.run.phases.setdefault("spawn_started", spawn_at)
         results = parallel(lambda p: self.transports[p.index].start(p, attempt, events), self.plans)
-        failure = None
+        failed = []  # every host's outcome: one that fails to start must not hide another
         for plan, result in zip(self.plans, results):
             if isinstance(result, Exception):
-                failure = failure or f"{plan.label} could not be started: {result}"
+                failed.append(f"{plan.label} could not be started: {result}")
             else:
                 self.handles[plan.index] = result
+        failure = "\n".join(failed) or None
         self.save(force=True)
         while failure is None:
             try:
@@ -155,7 +156,7 @@ class Agent:
             handle.stop()
         if live:
             self.out.say(f"stopping {len(live)} task(s): {reason}")
-        deadline = time.time() + TEARDOWN_S
+        deadline = time.time() + self.spec.launch.stop_grace + TEARDOWN_SLACK_S
         while live and time.time() < deadline:
             try:
                 ev = self.events.get(timeout=0.2)
@@ -171,9 +172,12 @@ class Agent:
                 task.state, task.ended_at = "stopped", time.time()
         if live:
             self.out.say(f"tasks {sorted(live)} did not confirm their stop; stopping them from their folders")
-            for plan in (self.plans[i] for i in live):
-                self.transports[plan.index].stop_tasks([plan])
-                self.run.tasks[plan.index].state = "stopped"
+            stuck = [self.plans[i] for i in live]
+            results = parallel(lambda p: self.transports[p.index].stop_tasks([p]), stuck)
+            for plan, result in zip(stuck, results):  # an unreachable host must not end the teardown
+                self.run.tasks[plan.index].state = "lost" if isinstance(result, Exception) else "stopped"
+                if isinstance(result, Exception):
+                    self.out.say(f"{plan.label} could not be stopped: {result}")
         self.save(force=True)
 
     def mark_phase(self, name: str) -> None:

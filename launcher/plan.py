@@ -29,10 +29,11 @@ class TaskPlan:
     def label(self) -> str:
         return f"task {self.index} ({self.host.label}:{self.host.port})"
 
-    def supervisor_argv(self, attempt: int) -> list[str]:
-        cpus = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
+    def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
+        extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
+        extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
         return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir,
-                "--attempt", str(attempt), "--grace", f"{self.grace:g}", *cpus, "--", *self.argv]
+                "--attempt", str(attempt), "--grace", f"{self.grace:g}", *extra, "--", *self.argv]
 
 
 def mgpu_home() -> Path:
@@ -44,12 +45,12 @@ def mgpu_home() -> Path:
 
 
 def run_root(host: Host, run_id: str) -> str:
-    """The run's folder on a host: beside the tasks' folders, holds checkpoint and model."""
-    if host.workdir:
-        return f"{host.workdir.rstrip('/')}/.mgpu/runs/{run_id}"
-    if host.is_local:
+    """The run's folder on a host, holding the tasks' folders, checkpoint and model.
+
+    Relative paths are relative to the task's folder (its workdir, or the SSH login folder)."""
+    if host.is_local and not host.workdir:
         return str(mgpu_home() / "runs" / run_id / "hosts" / "localhost")
-    return f".mgpu/runs/{run_id}"  # relative to the SSH login folder
+    return f".mgpu/runs/{run_id}"
 
 
 def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
@@ -78,7 +79,8 @@ def plan_tasks(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
         python = host.python or (sys.executable if host.is_local else "python3")
         run_dir = f"{run_root(host, run_id)}/task-{i}"
         plans.append(TaskPlan(
-            index=i, host=host, python=python, cwd=host.workdir, run_dir=run_dir,
+            index=i, host=host, python=python, run_dir=run_dir,
+            cwd=os.path.expanduser(host.workdir) if host.is_local and host.workdir else host.workdir,
             argv=worker_argv(spec, python), env=task_env(spec, i, run_id, run_dir), grace=spec.launch.stop_grace,
         ))
     return plans

@@ -134,16 +134,26 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
     first = True
     try:
         while True:
-            for p in chosen:
+            def fetch(p, first=first):  # every host at once; each one's outcome kept
                 path = f"{p.run_dir}/worker.log"
                 if first and tail is not None:
                     argv = ["tail", "-n", str(tail), path]
                 else:
                     argv = ["tail", "-c", f"+{offsets[p.index] + 1}", path]
                 code, text, _err = transports[p.index].call(p, argv, 30)
+                size = None
+                if code == 0 and text and first and tail is not None:
+                    size = transports[p.index].call(p, ["stat", "-c", "%s", path], 30)[1]
+                return code, text, size
+
+            failed = []
+            for p, res in zip(chosen, parallel(fetch, chosen)):
+                if isinstance(res, Exception):
+                    failed.append(res)
+                    continue
+                code, text, size = res
                 if code == 0 and text:
-                    if first and tail is not None:
-                        _c, size, _e = transports[p.index].call(p, ["stat", "-c", "%s", path], 30)
+                    if size is not None:
                         offsets[p.index] = int(size.strip() or 0)
                     else:
                         offsets[p.index] += len(text.encode())
@@ -152,6 +162,9 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
                             out.task_line(p, line)
                         else:
                             print(line)
+            if failed:
+                raise failed[0] if len(failed) == 1 else RunFailed(
+                    "cannot read the logs of some tasks:\n  " + "\n  ".join(map(str, failed)))
             first = False
             if not follow or runstate.load(run.run_id).state in ENDED and not agent_alive(run):
                 return

@@ -1,16 +1,29 @@
 """Tasks on remote hosts over SSH: one fabric connection per host, reused for everything in a run.
 
-Every value that reaches the remote shell is quoted with shlex; the supervisor's stdin is the
-SSH channel, so when the launcher or the connection goes away the remote task is stopped.
+Every value that reaches the remote shell is quoted with shlex (`shell_command`). Host keys are
+checked against known_hosts (fabric alone checks nothing); `accept_new_host_keys` records the
+key of a host seen for the first time, as OpenSSH's `StrictHostKeyChecking accept-new` does.
+
+Each remote task's supervisor reads the SSH channel as its stdin: it stops its task when the
+channel reaches EOF (the launcher stopped the task, or exited, or the connection closed) or when
+the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `lifeline_s` seconds
+(the host was cut off: no EOF will ever come, and sshd would not notice for hours).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import logging
 import os
+import posixpath
 import queue
+import secrets
 import shlex
 import socket
+import stat as statmod
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -21,133 +34,423 @@ from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
 from launcher.transport import Event, Handle, Transport, read_events
 
-CALL_TIMEOUT_S = 60
+logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
 
+CALL_TIMEOUT_S = 60.0
+KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
+POLL_S = 0.02
 
 class HostUnreachable(MgpuError):
+    """A host cannot be reached, authenticated or trusted over SSH."""
+
     exit_code = 2
+
+
+def _cd(cwd: str) -> str:
+    """`cd` to cwd, quoted; a leading ~ or ~/ stays expandable (quoting would make it literal)."""
+    if cwd == "~":
+        return "cd ~"
+    if cwd.startswith("~/"):
+        return "cd ~/" + shlex.quote(cwd[2:])
+    return "cd " + shlex.quote(cwd)
 
 
 def shell_command(argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
     """A POSIX shell line that runs argv in cwd with env; every value quoted, nothing interpreted."""
     line = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]) if env else shlex.join(argv)
-    return f"cd {shlex.quote(cwd)} && exec {line}" if cwd else f"exec {line}"
+    return f"{_cd(cwd)} && exec {line}" if cwd else f"exec {line}"
 
+
+def lifeline_s(launch: Launch) -> float:
+    """How long a remote task outlives a silent launcher: heartbeat_timeout, within 10 s .. 2 min."""
+    return min(max(launch.heartbeat_timeout, 10.0), 120.0)
+
+
+# --------------------------------------------------------------------------- host keys
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Accept a host's key on first contact and append it to the user's known_hosts.
+
+    A key that differs from a recorded one is still refused (paramiko raises BadHostKeyException
+    before any policy is asked)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _KNOWN_HOSTS_LOCK:
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    f.write(line)
+            except OSError:
+                pass  # accepted for this run even when it cannot be recorded
+
+
+def _known_hosts_files(conn: Connection) -> tuple[list[str], list[str]]:
+    user = conn.ssh_config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
+    system = conn.ssh_config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
+    expand = lambda v: [os.path.expanduser(p) for p in (v if isinstance(v, list) else v.split())]  # noqa: E731
+    return expand(user), expand(system)
+
+
+def _check_host_keys(conn: Connection, launch: Launch) -> list[str]:
+    """Load known_hosts into conn's client and refuse unknown keys (unless accept_new_host_keys);
+    the known_hosts files, the one that records new keys first."""
+    user, system = _known_hosts_files(conn)
+    client = conn.client
+    for path in system + user:  # the user's files are only appended to (AcceptNewPolicy)
+        if os.path.isfile(path):
+            try:
+                client.get_host_keys().load(path)
+            except (OSError, paramiko.SSHException, ValueError):
+                pass  # an unreadable file: its hosts count as unknown
+    policy = AcceptNewPolicy(user[0]) if launch.accept_new_host_keys else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    if isinstance(conn.gateway, Connection):  # a ProxyJump host is checked the same way
+        _check_host_keys(conn.gateway, launch)
+    return user + system
+
+
+def _hostkey_name(conn: Connection) -> str:
+    return conn.host if int(conn.port) == 22 else f"[{conn.host}]:{conn.port}"
+
+
+# --------------------------------------------------------------------------- transport
 
 class SSHHandle(Handle):
-    def __init__(self, channel: paramiko.Channel):
-        self.channel = channel
+    def __init__(self, channel: paramiko.Channel, owner: "SSHTransport"):
+        self.channel, self.owner = channel, owner
 
     def stop(self) -> None:
+        self.owner.forget(self.channel)
         try:
-            self.channel.shutdown_write()  # EOF on the supervisor's stdin: it stops its task
+            self.channel.shutdown_write()  # EOF on the supervisor's stdin: the supervisor stops its task
         except (OSError, EOFError, paramiko.SSHException):
             pass
 
 
 class SSHTransport(Transport):
+    """Every task of one host: one SSH connection, opened on first use, shared by all threads."""
+
     def __init__(self, host: Host, launch: Launch):
         self.host, self.launch = host, launch
         self.lock = threading.Lock()
         self.conn: Connection | None = None
+        self.channels: set = set()  # live task channels that get keepalives
+        self.channels_lock = threading.Lock()
+        self.keepalive: threading.Thread | None = None
+        self.closed = threading.Event()
+        self.connect_s: float | None = None
+        self.known_hosts: list[str] = []
+        self.extra: list[Connection] = []  # more connections, when sshd's MaxSessions is reached
 
+    # ---- naming
     @property
-    def where(self) -> str:
+    def target(self) -> str:
+        """user@host:port as it is really used (after ~/.ssh/config), else as the spec says."""
+        c = self.conn
+        if c is not None:
+            return f"{c.user}@{c.host}" + (f":{c.port}" if int(c.port) != 22 else "")
         user = f"{self.host.user}@" if self.host.user else ""
         port = f":{self.host.ssh_port}" if self.host.ssh_port else ""
         return f"{user}{self.host.address}{port}"
 
+    @property
+    def where(self) -> str:
+        name = f"host {self.host.name} " if self.host.name else "host "
+        return f"{name}{self.target}"
+
+    # ---- connecting
+    def connect(self) -> float:
+        """Open the connection now (preflight); seconds it took (0 when already open)."""
+        t0 = time.monotonic()
+        self.connection()
+        return time.monotonic() - t0
+
     def connection(self) -> Connection:
+        """The host's connection, opened on first use (and again after it was lost)."""
         with self.lock:
             if self.conn is not None and self.conn.is_connected:
                 return self.conn
-            kwargs = {"key_filename": [os.path.expanduser(self.host.identity_file)]} if self.host.identity_file else {}
+            if self.closed.is_set():
+                raise HostUnreachable(f"{self.where}: the connection was closed")
+            t0 = time.monotonic()
+            self.conn = self._open()
+            self.connect_s = time.monotonic() - t0
+            return self.conn
+
+    def _open(self) -> Connection:
+        timeout = self.launch.connect_timeout
+        kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout}
+        if self.host.identity_file:
+            kwargs["key_filename"] = [os.path.expanduser(self.host.identity_file)]
+        try:  # fabric reads ~/.ssh/config: User, Port, IdentityFile, HostName, ProxyJump ...
             conn = Connection(self.host.address, user=self.host.user, port=self.host.ssh_port,
-                              connect_timeout=int(max(1, self.launch.connect_timeout)), connect_kwargs=kwargs)
-            client = conn.client
-            known = conn.ssh_config.get("userknownhostsfile", "~/.ssh/known_hosts").split()
-            for path in known:
-                path = os.path.expanduser(path)
-                if os.path.exists(path):
-                    client.load_host_keys(path) if path == known[0] else client.get_host_keys().load(path)
-            if self.launch.accept_new_host_keys:
-                client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-            else:
-                client.set_missing_host_key_policy(paramiko.RejectPolicy())
+                              connect_timeout=max(1, round(timeout)), connect_kwargs=kwargs)
+        except Exception as exc:  # a broken ~/.ssh/config, an unusable ProxyJump
+            raise HostUnreachable(f"{self.where}: cannot set up SSH from your ssh config: {exc}") from None
+        self.known_hosts = _check_host_keys(conn, self.launch)
+        try:
+            conn.open()
+        except Exception as exc:
+            hop = conn  # the first hop that is not connected is the one that failed
+            while isinstance(hop.gateway, Connection) and not hop.gateway.is_connected:
+                hop = hop.gateway
+            message = self._explain(hop, exc, via=None if hop is conn else conn)
+            conn.close()
+            raise HostUnreachable(message) from None
+        conn.transport.set_keepalive(5)
+        return conn
+
+    def _explain(self, conn: Connection, exc: Exception, via: Connection | None = None) -> str:
+        """One paragraph: which host (or jump host on the way to it), what went wrong, what to do."""
+        target = f"{conn.user}@{conn.host}" + (f" port {conn.port}" if int(conn.port) != 22 else "")
+        name = f"host {self.host.name} ({target})" if self.host.name else f"host {target}"
+        if via is not None:
+            name = f"jump host {target} (ProxyJump on the way to {self.host.label})"
+        port_opt = f"-p {conn.port} " if int(conn.port) != 22 else ""
+        files = (self.known_hosts or ["~/.ssh/known_hosts"])[0]
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return (f"{name}: its SSH host key has CHANGED since it was recorded in known_hosts (it now offers a "
+                    f"{exc.key.get_name()} key with fingerprint {exc.key.fingerprint}). That happens when a host is "
+                    "reinstalled, and also in a man-in-the-middle attack, so the connection was refused. If you trust "
+                    f"the new key, remove the old one with 'ssh-keygen -R {_hostkey_name(conn)}' and connect once with "
+                    f"'ssh {port_opt}{conn.user}@{conn.host}'. accept_new_host_keys does not accept a changed key.")
+        if isinstance(exc, paramiko.AuthenticationException):
+            return (f"{name}: SSH authentication failed ({exc}). Check the user and key ('user' and 'identity_file' "
+                    "in the spec, or User and IdentityFile in ~/.ssh/config) and that the key is in the host's "
+                    f"authorized_keys; try 'ssh {port_opt}{conn.user}@{conn.host} true'.")
+        if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+            return (f"{name}: its SSH host key is not in known_hosts ({files}), so the connection was refused "
+                    "(host keys are checked to stop man-in-the-middle attacks). Check the key, then record it with "
+                    f"'ssh-keyscan {port_opt}-H {conn.host} >> {files}' (or connect once with 'ssh {port_opt}"
+                    f"{conn.user}@{conn.host}'), or set accept_new_host_keys = true under [launch] to accept and "
+                    "record keys of hosts seen for the first time.")
+        if isinstance(exc, (socket.timeout, TimeoutError)) or "timed out" in str(exc).lower():
+            return (f"{name}: no SSH answer within connect_timeout = {self.launch.connect_timeout:g} s. Check that "
+                    "the host is up and reachable from this machine (address, firewall, VPN), or raise "
+                    "connect_timeout under [launch].")
+        if isinstance(exc, (OSError, EOFError, paramiko.SSHException)):
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+                reason = "connection refused"
+            return (f"{name}: cannot connect over SSH ({reason}). Check that the host is up, that sshd runs there "
+                    f"and listens on port {conn.port} (ssh_port in the spec), and try 'ssh {port_opt}"
+                    f"{conn.user}@{conn.host} true'.")
+        return f"{name}: SSH failed: {type(exc).__name__}: {exc}"
+
+    def _drop(self) -> None:
+        """Forget a connection that stopped answering; the next use reconnects (or fails fast)."""
+        with self.lock:
+            conn, self.conn = self.conn, None
+        if conn is not None:
+            threading.Thread(target=conn.close, daemon=True).start()  # never block on a dead peer
+
+    def _session(self, timeout: float, overflow: bool = False) -> paramiko.Channel:
+        """A new session channel: on the host's connection, else (sshd refused one more session on it:
+        MaxSessions, 10 by default) on another connection to the same host."""
+        timeout = min(timeout, self.launch.connect_timeout)
+        if not overflow:
+            transport = self.connection().transport
             try:
-                conn.open()
-            except paramiko.BadHostKeyException:
-                raise HostUnreachable(
-                    f"{self.where}: its host key has CHANGED since it was recorded in known_hosts. That can mean "
-                    f"the host was reinstalled, or an attack. If you trust it, remove the old key with "
-                    f"'ssh-keygen -R {self.host.address}' and connect again.") from None
-            except paramiko.AuthenticationException as exc:
-                raise HostUnreachable(
-                    f"{self.where}: SSH authentication failed ({exc}). Check the user and key "
-                    "('user', 'identity_file' in the spec or your ~/.ssh/config), e.g. with 'ssh "
-                    f"{self.where}'.") from None
-            except paramiko.SSHException as exc:
-                if "not found in known_hosts" in str(exc):
-                    raise HostUnreachable(
-                        f"{self.where}: its host key is not in known_hosts, so the connection was refused. "
-                        f"Check the key, then add it ('ssh-keyscan -H {self.host.address} >> ~/.ssh/known_hosts'), "
-                        "or set accept_new_host_keys = true under [launch].") from None
-                raise HostUnreachable(f"{self.where}: SSH failed: {exc}") from None
-            except (OSError, socket.timeout, EOFError) as exc:
-                reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-                raise HostUnreachable(
-                    f"{self.where}: cannot connect over SSH within {self.launch.connect_timeout:g} s ({reason}). "
-                    "Check that the host is up and sshd is reachable from here.") from None
-            if self.launch.accept_new_host_keys:
-                _remember_host_keys(client, known[0])
-            conn.transport.set_keepalive(5)
-            self.conn = conn
-            return conn
+                return transport.open_session(timeout=timeout)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not transport.is_active() or "Timeout" in str(exc):
+                    self._drop()
+                    raise HostUnreachable(f"{self.where}: the SSH connection stopped answering ({exc}); "
+                                          "the host may be down or cut off") from None
+        with self.lock:
+            for conn in self.extra:
+                try:
+                    if conn.is_connected:
+                        return conn.transport.open_session(timeout=timeout)
+                except (paramiko.SSHException, EOFError, OSError):
+                    continue
+            if self.closed.is_set():
+                raise HostUnreachable(f"{self.where}: the connection was closed")
+            conn = self._open()
+            self.extra.append(conn)
+        try:
+            return conn.transport.open_session(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(f"{self.where}: cannot open an SSH session: {exc}") from None
+
+    def _exec(self, command: str, timeout: float, combine_stderr: bool = False) -> paramiko.Channel:
+        """A channel that runs `command` (its stdin still open)."""
+        for overflow in (False, True):
+            ch = self._session(timeout, overflow)
+            ch.set_combine_stderr(combine_stderr)
+            try:
+                ch.exec_command(command)
+                return ch
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                ch.close()
+                if overflow or not ch.get_transport().is_active():
+                    raise HostUnreachable(f"{self.where}: cannot run a command over SSH: {exc}") from None
+        raise AssertionError("unreachable")
+
+    # ---- short commands
+    def run(self, command: str, timeout: float = CALL_TIMEOUT_S) -> tuple[int, str, str]:
+        """Run a shell line on the host: (exit code, stdout, stderr), within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        ch = self._exec(command, timeout)
+        out, err = bytearray(), bytearray()
+
+        def drain() -> None:
+            while ch.recv_ready():
+                out.extend(ch.recv(65536))
+            while ch.recv_stderr_ready():
+                err.extend(ch.recv_stderr(65536))
+
+        try:
+            ch.shutdown_write()  # no one types: the command sees EOF on stdin
+            while not ch.status_event.wait(POLL_S):
+                drain()
+                if time.monotonic() > deadline:
+                    raise HostUnreachable(f"{self.where}: '{command[:80]}' did not finish within {timeout:g} s")
+            drain()
+            code = ch.recv_exit_status()
+            if code == -1 and not ch.get_transport().is_active():
+                raise EOFError("the connection closed while the command ran")
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
+        finally:
+            ch.close()
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        conn = self.connection()
-        try:
-            r = conn.run(shell_command(argv, plan.cwd), hide=True, warn=True, in_stream=False, timeout=timeout)
-        except Exception as exc:  # invoke's CommandTimedOut and transport errors alike
-            raise HostUnreachable(f"{self.where}: command failed: {exc}") from None
-        return r.exited, r.stdout, r.stderr
+        return self.run(shell_command(argv, plan.cwd), timeout)
 
+    # ---- tasks
     def start(self, plan: TaskPlan, attempt: int, events: queue.Queue) -> Handle:
-        transport = self.connection().transport
-        channel = transport.open_session(timeout=self.launch.connect_timeout)
-        channel.set_combine_stderr(True)
-        channel.exec_command(shell_command(plan.supervisor_argv(attempt), plan.cwd, plan.env))
+        argv = plan.supervisor_argv(attempt, lifeline=lifeline_s(self.launch))
+        channel = self._exec(shell_command(argv, plan.cwd, plan.env), self.launch.start_timeout, combine_stderr=True)
+        with self.channels_lock:
+            self.channels.add(channel)
+            if self.keepalive is None:
+                self.keepalive = threading.Thread(target=self._keepalive, daemon=True)
+                self.keepalive.start()
 
         def pump() -> None:
             exited = read_events(plan.index, _lines(channel), events)
             if not exited:
-                events.put(Event(plan.index, "lost", f"the SSH connection to {self.where} ended with no exit report"))
+                events.put(Event(plan.index, "lost", f"the SSH connection to {self.where} ended with no exit "
+                                 "report (the host went down, or its sshd or the task's processes were killed)"))
+            self.forget(channel)
             channel.close()
 
         threading.Thread(target=pump, daemon=True).start()
-        return SSHHandle(channel)
+        return SSHHandle(channel, self)
 
-    def _probe_call(self, plans: list[TaskPlan], flag: list[str]) -> list[dict]:
-        import json
+    def forget(self, channel: paramiko.Channel) -> None:
+        with self.channels_lock:
+            self.channels.discard(channel)
 
+    def _keepalive(self) -> None:
+        while not self.closed.wait(KEEPALIVE_S):
+            with self.channels_lock:
+                channels = list(self.channels)
+            for ch in channels:
+                try:
+                    ch.send(b"\n")
+                except (OSError, EOFError, paramiko.SSHException):
+                    self.forget(ch)
+
+    def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[dict]:
         python = plans[0].python
         code, out, err = self.call(plans[0], [python, "-m", "worker.probe", *flag, *[p.run_dir for p in plans]],
-                                   CALL_TIMEOUT_S)
-        if code != 0:
+                                   timeout)
+        if code != 0 or not out.strip():
             raise HostUnreachable(f"{self.where}: worker.probe failed: {(err.strip().splitlines() or ['?'])[-1]}")
         return json.loads(out.strip().splitlines()[-1])
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
-        return self._probe_call(plans, [])
+        return self._probe_call(plans, [], CALL_TIMEOUT_S)
 
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
-        return self._probe_call(plans, ["--stop"])
+        return self._probe_call(plans, ["--stop"], CALL_TIMEOUT_S)
+
+    # ---- sync
+    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict:
+        """Copy (local path, relative path) pairs below `workdir` over SFTP; skip unchanged files.
+
+        A file counts as unchanged when the remote copy has the same size and modification time
+        (the copy gets the local file's mtime and mode). Each file is written to a temporary name
+        and renamed into place, so an interrupted sync never leaves a half-written file."""
+        conn = self.connection()
+        root = _sftp_dir(workdir)
+        copied = unchanged = size = 0
+        made: set[str] = set()
+        try:
+            sftp = conn.sftp()
+            for local, rel in files:
+                remote = posixpath.join(root, rel) if root else rel
+                st = os.stat(local)
+                try:
+                    rst = sftp.stat(remote)
+                    if rst.st_size == st.st_size and int(rst.st_mtime or -1) == int(st.st_mtime):
+                        unchanged += 1
+                        continue
+                except FileNotFoundError:
+                    pass
+                _sftp_makedirs(sftp, posixpath.dirname(remote), made)
+                tmp = f"{remote}.mgpu-sync-{secrets.token_hex(4)}"
+                sftp.put(local, tmp, confirm=True)
+                sftp.chmod(tmp, statmod.S_IMODE(st.st_mode))
+                sftp.utime(tmp, (st.st_atime, st.st_mtime))
+                try:
+                    sftp.posix_rename(tmp, remote)
+                except OSError:
+                    sftp.remove(remote)
+                    sftp.rename(tmp, remote)
+                copied += 1
+                size += st.st_size
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise HostUnreachable(f"{self.where}: sync to {workdir or 'the login folder'} failed: {exc}") from None
+        return {"copied": copied, "unchanged": unchanged, "bytes": size}
 
     def close(self) -> None:
+        self.closed.set()
         with self.lock:
-            if self.conn is not None:
-                self.conn.close()
-                self.conn = None
+            conns, self.conn, self.extra = [self.conn, *self.extra], None, []
+        for conn in conns:
+            if conn is not None:
+                conn.close()
+
+
+def _sftp_dir(workdir: str | None) -> str:
+    """workdir as SFTP sees it: SFTP starts in the login folder, where ~ points."""
+    if not workdir or workdir == "~":
+        return ""
+    return workdir[2:] if workdir.startswith("~/") else workdir
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str]) -> None:
+    if not path or path in made or path in ("/", "."):
+        return
+    try:
+        if statmod.S_ISDIR(sftp.stat(path).st_mode):
+            made.add(path)
+            return
+        raise OSError(f"{path} exists on the host and is not a folder")
+    except FileNotFoundError:
+        pass
+    _sftp_makedirs(sftp, posixpath.dirname(path), made)
+    try:
+        sftp.mkdir(path)
+    except OSError:
+        if not statmod.S_ISDIR(sftp.stat(path).st_mode):
+            raise
+    made.add(path)
 
 
 def _lines(channel: paramiko.Channel):
@@ -166,14 +469,3 @@ def _lines(channel: paramiko.Channel):
         *complete, buf = buf.split(b"\n")
         for line in complete:
             yield line.decode("utf-8", "replace")
-
-
-def _remember_host_keys(client: paramiko.SSHClient, path: str) -> None:
-    """accept_new_host_keys: record keys learnt on first contact, as OpenSSH's accept-new does."""
-    path = os.path.expanduser(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    keys = client.get_host_keys()
-    try:
-        keys.save(path)
-    except OSError:
-        pass

@@ -64,7 +64,7 @@ class Transport:
         raise NotImplementedError
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
-        """Per task what its folder says (worker.probe.probe), in plan order."""
+        """Per task what its folder says (worker.probe.probe_many), in plan order."""
         raise NotImplementedError
 
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
@@ -74,6 +74,14 @@ class Transport:
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """Run a short command in the task's folder on its host: (exit code, stdout, stderr)."""
         raise NotImplementedError
+
+    def connect(self) -> float:
+        """Reach and authenticate with the host now (preflight); seconds it took."""
+        return 0.0
+
+    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict | None:
+        """Copy (local path, relative path) files below the host's workdir; None: same file system."""
+        return None
 
     def close(self) -> None:
         pass
@@ -97,7 +105,9 @@ class LocalTransport(Transport):
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         try:
             done = subprocess.run(argv, cwd=plan.cwd, capture_output=True, text=True, timeout=timeout)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if plan.cwd and exc.filename == plan.cwd:
+                return 1, "", f"cd: {plan.cwd}: No such file or directory"
             return 127, "", f"{argv[0]}: not found"
         except PermissionError:
             return 126, "", f"{argv[0]}: permission denied"
@@ -120,9 +130,9 @@ class LocalTransport(Transport):
         return LocalHandle(proc)
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
-        from worker.probe import probe
+        from worker.probe import probe_many
 
-        return [probe(_abs(p)) for p in plans]
+        return probe_many([_abs(p) for p in plans])
 
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
         from worker.probe import stop

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from launcher import state as runstate
@@ -30,13 +31,13 @@ def checks_table(checks: list[TaskCheck]) -> Table:
     for col in ("task", "host", "port", "python", "result"):
         table.add_column(col)
     for c in checks:
-        result = "[green]ok[/]" if c.ok else "[red]" + "\n".join(c.problems) + "[/]"
+        result = "[green]ok[/]" if c.ok else "[red]" + escape("\n".join(c.problems)) + "[/]"
         table.add_row(str(c.plan.index), c.plan.host.label, str(c.plan.host.port), c.plan.python, result)
     return table
 
 
-def run_preflight(spec: ClusterSpec, plans, transports, out: Output) -> None:
-    checks = preflight(spec, plans, transports)
+def run_preflight(spec: ClusterSpec, plans, transports, out: Output, base: Path | None = None) -> None:
+    checks = preflight(spec, plans, transports, base=base, say=out.say)
     out.console.print(checks_table(checks))
     bad = [c for c in checks if not c.ok]
     if bad:
@@ -50,7 +51,7 @@ def check(spec_path: Path) -> None:
     plans = plan_tasks(spec, "check")
     transports = transports_for(spec, plans)
     try:
-        run_preflight(spec, plans, transports, Output())
+        run_preflight(spec, plans, transports, Output(), base=Path(spec_path).parent)
     finally:
         for t in set(transports):
             t.close()
@@ -94,7 +95,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     try:
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
         try:
-            run_preflight(spec, plans, transports, out)
+            run_preflight(spec, plans, transports, out, base=Path(spec_path).parent)
         except PreflightError:
             run.state, run.failure = "failed", "preflight refused"
             runstate.save(run)
@@ -154,7 +155,7 @@ def summary(run: runstate.RunState, out: Output) -> None:
         p = t.progress or {}
         metrics = " ".join(f"{k}={v:.4g}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
-        epochs = f"{p.get('epoch')}/{p.get('epochs')}" if p else ""
+        epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         table.add_row(str(t.index), f"{t.host}:{t.port}", t.state, "" if t.exit_code is None else str(t.exit_code),
                       epochs, metrics, wall)
     out.console.print(table)

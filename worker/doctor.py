@@ -28,8 +28,6 @@ import sys
 import threading
 import time
 
-import psutil
-
 
 def version(dist: str) -> str | None:
     try:
@@ -40,6 +38,8 @@ def version(dist: str) -> str | None:
 
 def port_holder(port: int) -> dict | None:
     """Who listens on `port` (any address), or None when it is free."""
+    import psutil  # here: the cluster check (mesh) starts faster without it
+
     try:
         conns = psutil.net_connections(kind="inet")
     except psutil.AccessDenied:

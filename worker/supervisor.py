@@ -5,7 +5,9 @@
 The program runs in its own session; its output goes to DIR/worker.log and to our stdout.
 Lines starting with MARK are for the launcher: {"event": "started"|"progress"|"exit", ...}.
 The task is stopped (TERM to its group, KILL after a grace period) when we get TERM/INT/HUP,
-or when our stdin reaches EOF, i.e. the launcher or its SSH connection went away.
+or when our stdin reaches EOF, i.e. the launcher or its SSH connection went away; with
+--lifeline N also when nothing (the launcher's keepalive newlines) arrives on stdin for N
+seconds: a host cut off from the network never sees an EOF.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -96,6 +99,8 @@ class Supervisor:
             log.write((msg + "\n").encode())
             self.say(msg)
             return self.finish(127)
+        if self.stopping.is_set():  # a stop that came while we were starting
+            stop_group(self.proc, self.grace)
         if self.cpus:
             try:
                 os.sched_setaffinity(self.proc.pid, self.cpus)
@@ -138,21 +143,29 @@ class Supervisor:
             time.sleep(PROGRESS_POLL_S)
 
     def stop(self, reason: str) -> None:
-        if self.stopping.is_set() or self.proc is None:
+        if self.stopping.is_set():
             return
         self.stopping.set()
         self.say(f"stopping task ({reason})")
-        stop_group(self.proc, self.grace)
+        if self.proc is not None:  # else run() stops it right after starting it
+            stop_group(self.proc, self.grace)
 
 
-def watch_stdin(sup: Supervisor) -> None:
-    """EOF on stdin means the launcher (or the SSH connection to it) is gone."""
-    try:
-        while os.read(0, 4096):  # the raw fd: a buffered reader's lock would block our exit
-            pass
-    except OSError:
-        pass
-    sup.stop("launcher went away")
+def watch_stdin(sup: Supervisor, lifeline: float | None) -> None:
+    """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone."""
+    last = time.monotonic()
+    while True:
+        if lifeline and not select.select([0], [], [], 1.0)[0]:
+            if time.monotonic() - last > lifeline:
+                return sup.stop(f"no word from the launcher for {lifeline:g} s")
+            continue
+        try:
+            data = os.read(0, 4096)  # the raw fd: a buffered reader's lock would block our exit
+        except OSError:
+            data = b""
+        if not data:
+            return sup.stop("launcher went away")
+        last = time.monotonic()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--cpus", default="", help="comma-separated cores to pin the task to")
     parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between TERM and KILL")
+    parser.add_argument("--lifeline", type=float, default=None,
+                        help="stop the task when stdin stays silent this many seconds")
     parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -174,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _frame: threading.Thread(
             target=sup.stop, args=(signal.Signals(signum).name,), daemon=True).start())
     if not args.detach:
-        threading.Thread(target=watch_stdin, args=(sup,), daemon=True).start()
+        threading.Thread(target=watch_stdin, args=(sup, args.lifeline), daemon=True).start()
     return sup.run()
 
 

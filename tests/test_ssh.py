@@ -1,0 +1,554 @@
+"""Many hosts over SSH: `up`, `status`, `logs`, `down` against namespace hosts with real sshds.
+
+Every host is a network namespace with its own address and sshd (deploy/testhosts.py); they
+share this machine's file system and process table, so one venv serves all, and psutil sees
+every process of every "host". The launcher runs as a subprocess with HOME=<testhosts home>
+(its ssh config, key and known_hosts) and its own MGPU_HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import IN_CI, REPO, Cli, run_processes, wait_gone
+
+sys.path.insert(0, str(REPO / "deploy"))
+from testhosts import TestHosts  # noqa: E402
+
+from launcher.preflight import sync_files  # noqa: E402
+from launcher.ssh import _cd, shell_command  # noqa: E402
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 and not IN_CI,
+    reason="needs root to make network namespaces and run sshd (never skipped under CI=true)",
+)
+PY = sys.executable
+N_HOSTS = 8
+PORT = 20000
+
+TICK = """
+import json, os, sys, time
+d = os.environ["MGPU_RUN_DIR"]
+t0, step = time.time(), 0
+while time.time() - t0 < float(sys.argv[1]):
+    step += 1
+    with open(os.path.join(d, ".p"), "w") as f:
+        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    print("step", step, flush=True)
+    time.sleep(0.3)
+"""
+
+
+# --------------------------------------------------------------------------- no root needed
+
+def test_shell_command_keeps_every_value_a_plain_string(tmp_path):
+    marker = tmp_path / "MARKER"
+    hostile = ["; touch " + str(marker), f"$(touch {marker})", f"`touch {marker}`", "'", '"', "a\nb", "$HOME", "*"]
+    folder = tmp_path / f"d; $(touch {marker}) `x` 'q' \"dq\"\nnl"
+    folder.mkdir(parents=True)
+    line = shell_command([PY, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), "
+                                    "os.environ['V']]))", *hostile],
+                         cwd=str(folder), env={"V": hostile[1] + hostile[5]})
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [hostile, str(folder), hostile[1] + hostile[5]]
+    assert not marker.exists()
+    assert _cd("~/a b") == "cd ~/'a b'" and _cd("~") == "cd ~" and _cd("/x;y") == "cd '/x;y'"
+
+
+def test_sync_files_maps_relative_and_absolute_entries(tmp_path):
+    base, outside = tmp_path / "proj", tmp_path / "elsewhere"
+    (base / "data" / "sub").mkdir(parents=True)
+    (base / "data" / "__pycache__").mkdir()
+    outside.mkdir()
+    for f in ("train.py", "data/a.csv", "data/sub/b.bin", "data/__pycache__/c.pyc"):
+        (base / f).write_text(f)
+    (outside / "lib.py").write_text("x")
+    files, problems = sync_files(["train.py", "data", str(outside / "lib.py"), "missing.txt"], base)
+    assert [rel for _src, rel in files] == ["train.py", "data/a.csv", "data/sub/b.bin", "lib.py"]
+    assert len(problems) == 1 and "missing.txt" in problems[0]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def th(tmp_path_factory):
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("needs root to make network namespaces and run sshd")
+    hosts = TestHosts(N_HOSTS, tmp_path_factory.mktemp("sshhosts"))
+    try:
+        hosts.up()
+        yield hosts
+    finally:
+        hosts.down()
+    assert hosts.leftovers() == []
+
+
+class SSHCli(Cli):
+    """The real CLI with the test hosts' HOME (ssh config, key, known_hosts) and a private MGPU_HOME."""
+
+    def __init__(self, home: Path, cwd: Path, th: TestHosts, ssh_home: Path | None = None):
+        super().__init__(home, cwd)
+        self.env = th.env(self.env)
+        if ssh_home is not None:
+            self.env["HOME"] = str(ssh_home)
+
+
+@pytest.fixture
+def cli(tmp_path, th):
+    c = SSHCli(tmp_path / "mgpu-home", tmp_path, th)
+    yield c
+    left = wait_gone(tmp_path, 30)  # workdirs, run dirs and MGPU_HOME all live under tmp_path
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+def toml(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)  # strings, numbers, booleans and arrays read the same in TOML
+
+
+def write_spec(tmp_path: Path, addresses: list[str], training: dict, launch: dict | None = None,
+               defaults: dict | None = None, hosts: list[dict] | None = None, top: dict | None = None,
+               folder: Path | None = None) -> Path:
+    folder = folder or tmp_path
+    workdir = tmp_path / "wd"
+    workdir.mkdir(exist_ok=True)
+    d = {"python": PY, "gpus": "none", "workdir": str(workdir), "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+         **(defaults or {})}
+    lines = [f"{k} = {toml(v)}" for k, v in (top or {}).items()]
+    lines += ["[defaults]", *(f"{k} = {toml(v)}" for k, v in d.items())]
+    for i, address in enumerate(addresses):
+        host = {"address": address, "port": PORT, **(hosts or [{}] * len(addresses))[i]}
+        lines += ["[[hosts]]", *(f"{k} = {toml(v)}" for k, v in host.items())]
+    lines += ["[training]", *(f"{k} = {toml(v)}" for k, v in training.items())]
+    lines += ["[launch]", *(f"{k} = {toml(v)}" for k, v in {"connect_timeout": 5, **(launch or {})}.items())]
+    path = folder / "cluster.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tick(seconds: float = 600) -> dict:
+    return {"command": [PY, "-c", TICK, str(seconds)]}
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def latest_state(cli) -> dict | None:
+    runs = sorted((cli.home / "runs").glob("*/state.json")) if (cli.home / "runs").exists() else []
+    try:
+        return json.loads(runs[-1].read_text()) if runs else None
+    except ValueError:
+        return None
+
+
+def task_dir(tmp_path: Path, state: dict, i: int) -> Path:
+    return tmp_path / "wd" / ".mgpu" / "runs" / state["run_id"] / f"task-{i}"
+
+
+def all_progressing(cli, tmp_path):
+    st = latest_state(cli)
+    if not st or st["state"] != "running":
+        return None
+    for i in range(len(st["tasks"])):
+        try:
+            if json.loads((task_dir(tmp_path, st, i) / "progress.json").read_text())["global_step"] < 2:
+                return None
+        except (OSError, ValueError, KeyError):
+            return None
+    return st
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def status_json(cli) -> dict:
+    r = cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def nothing_started(tmp_path: Path, cli) -> None:
+    """No task folder on any host, no process of a run."""
+    assert not list((tmp_path / "wd").glob(".mgpu/runs/*/task-*")), "a task was started"
+    assert not [p for p in run_processes(tmp_path) if "worker.supervisor" in " ".join(p.info["cmdline"] or [])]
+
+
+# --------------------------------------------------------------------------- acceptance
+
+@needs_root
+def test_digits_over_ssh_trains_with_identical_weights(cli, th, tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    spec = write_spec(tmp_path, th.addresses[:2], {"command": [
+        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "5",
+        "--batch-size-per-replica", "32", "--learning-rate", "0.002", "--save-weights", f"{weights}/w-{{task}}.npz"]})
+    t0 = time.time()
+    r = cli("up", spec, timeout=600)
+    took = time.time() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert f"task0 {th.addresses[0]} |" in out and f"task1 {th.addresses[1]} |" in out
+    assert "connected to 2 host(s)" in out and "every worker reaches every other worker's port" in out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded"
+    assert [(t["host"], t["port"], t["state"]) for t in snap["tasks"]] == [
+        (th.addresses[0], PORT, "succeeded"), (th.addresses[1], PORT, "succeeded")]
+    for t in snap["tasks"]:
+        assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
+    import numpy as np
+
+    w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
+    assert sorted(w0.files) == sorted(w1.files) and w0.files
+    diff = max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files)
+    assert diff <= 1e-6, f"workers ended with different weights (max abs diff {diff})"
+    logs = cli("logs", "--task", "1", "--tail", "3", timeout=120)
+    assert logs.returncode == 0 and len(logs.stdout.strip().splitlines()) == 3, logs.stdout + logs.stderr
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    print(f"\ndigits over SSH on 2 hosts: up {took:.1f} s, weights max abs diff {diff:g}")
+
+
+@needs_root
+def test_eight_hosts_start_in_parallel_and_answer_status(cli, th, tmp_path):
+    spec = write_spec(tmp_path, th.addresses[:8], tick(300), launch={"heartbeat_timeout": 120})
+    r = cli("up", "--detach", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        wait_for(lambda: all_progressing(cli, tmp_path), 120, "8 tasks progressing")
+        t0 = time.time()
+        snap = status_json(cli)
+        status_s = time.time() - t0
+        assert snap["state"] == "running"
+        assert [t["host"] for t in snap["tasks"]] == th.addresses[:8]
+        assert all(t["state"] == "running" and t["pid"] and t["rss"] and (t["global_step"] or 0) > 0
+                   for t in snap["tasks"]), snap
+        logs = cli("logs", "--tail", "1", timeout=120)
+        assert logs.returncode == 0 and all(f"task{i} " in logs.stdout for i in range(8)), logs.stdout
+        phases = latest_state(cli)["phases"]
+        spawn_s = phases["all_started"] - phases["spawn_started"]
+    finally:
+        t0 = time.time()
+        d = cli("down", timeout=180)
+        down_s = time.time() - t0
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert not wait_gone(tmp_path, 30)
+    assert status_json(cli)["state"] == "stopped"
+    print(f"\n8 hosts: spawn {spawn_s:.2f} s, preflight {phases['preflight_s']:.2f} s, "
+          f"status --json {status_s:.2f} s, down {down_s:.2f} s")
+
+
+@needs_root
+def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
+    victim = 1
+    spec = write_spec(tmp_path, th.addresses[:3], tick(), launch={"heartbeat_timeout": 120})
+    up = cli.popen("up", spec)
+    try:
+        wait_for(lambda: all_progressing(cli, tmp_path), 120, "3 tasks progressing")
+        th.crash(victim)
+        out, _ = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+        th.revive(victim)
+    assert up.returncode == 1, out
+    assert f"task {victim} ({th.addresses[victim]}:{PORT}) was lost" in out, out
+    assert "Traceback" not in out
+    assert not wait_gone(tmp_path, 30), "a process of the run survived on some host"
+    snap = status_json(cli)
+    assert snap["state"] == "failed" and snap["tasks"][victim]["state"] in ("lost", "failed")
+
+
+@needs_root
+def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
+    victim = 1
+    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 4, "connect_timeout": 3})
+    up = cli.popen("up", spec)
+    try:
+        st = wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
+        cut_pids = [st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]]
+        th.cut(victim)
+        t0 = time.time()
+        out, _ = up.communicate(timeout=180)
+        detected = time.time() - t0
+        # the cut host cannot hear the launcher: its watchdog stops the task by itself
+        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        th.restore(victim)
+    assert up.returncode == 1, out
+    assert f"task {victim} ({th.addresses[victim]}:{PORT}) sent no progress" in out, out
+    assert "heartbeat_timeout = 4" in out and "Traceback" not in out
+    assert not wait_gone(tmp_path, 30)
+    print(f"\ncut host: up ended {detected:.1f} s after the cut")
+
+
+@needs_root
+@pytest.mark.parametrize("fault", ["no host at the address", "sshd down", "unknown user"])
+def test_unreachable_host_refused_at_preflight(cli, th, tmp_path, fault):
+    addresses, hosts = [th.addresses[0], th.addresses[2]], [{}, {}]
+    if fault == "no host at the address":
+        addresses[1] = f"{th.subnet}.250"
+    elif fault == "sshd down":
+        hosts[1] = {"ssh_port": 2222}  # nothing listens there
+    else:
+        hosts[1] = {"user": "nosuchuser"}
+    spec = write_spec(tmp_path, addresses, {"command": ["touch", str(tmp_path / "started")]},
+                      launch={"connect_timeout": 2}, hosts=hosts)
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "nothing was started" in out and "Traceback" not in out
+    expect = {"no host at the address": [f"{addresses[1]}: no SSH answer within connect_timeout = 2 s",
+                                         f"{addresses[1]}: cannot connect over SSH (No route to host)"],
+              "sshd down": [f"{addresses[1]} port 2222: cannot connect over SSH (connection refused)"],
+              "unknown user": [f"nosuchuser@{addresses[1]}: SSH authentication failed"]}[fault]
+    assert any(e in " ".join(out.split()) for e in expect), out
+    assert not (tmp_path / "started").exists()
+    nothing_started(tmp_path, cli)
+
+
+@needs_root
+def test_host_problems_refused_at_preflight(cli, th, tmp_path):
+    bare = tmp_path / "bare-venv"  # a Python without the worker package
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    spec = write_spec(tmp_path, th.addresses[:3], {"command": ["touch", str(tmp_path / "started")]},
+                      hosts=[{"python": "/nonexistent/python3"}, {"python": str(bare / "bin" / "python")},
+                             {"workdir": str(tmp_path / "missing")}])
+    r = cli("up", spec, timeout=120)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"task 0 ({th.addresses[0]}:{PORT}): interpreter '/nonexistent/python3' cannot be run" in out, out
+    assert f"task 1 ({th.addresses[1]}:{PORT}): host check failed: the 'worker' package is not importable" in out
+    assert f"task 2 ({th.addresses[2]}:{PORT}): workdir '{tmp_path / 'missing'}' does not exist" in out
+    assert not (tmp_path / "started").exists() and not (tmp_path / "missing").exists()
+    nothing_started(tmp_path, cli)
+
+
+@needs_root
+def test_worker_port_held_refused_at_preflight(cli, th, tmp_path):
+    holder = subprocess.Popen(th.netns_argv(1, PY, "-c", f"import socket, time; s = socket.socket(); "
+                                            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                                            f"s.bind(('', {PORT})); s.listen(); print('ok', flush=True); "
+                                            "time.sleep(300)"), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        spec = write_spec(tmp_path, th.addresses[:2], {"command": ["touch", str(tmp_path / "started")]})
+        r = cli("up", spec, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"task 1 ({th.addresses[1]}:{PORT}): port {PORT} is in use by pid {holder.pid} (python" in out, out
+    assert f"task 0 ({th.addresses[0]}:{PORT}): " not in out  # host 0's own port 20000 is free
+    assert not (tmp_path / "started").exists()
+    nothing_started(tmp_path, cli)
+
+
+@needs_root
+def test_unreachable_worker_pair_found_by_the_cluster_check(cli, th, tmp_path):
+    a, b = th.hosts[0], th.hosts[1]
+    subprocess.run(["ip", "-n", a.netns, "route", "add", "blackhole", f"{b.address}/32"], check=True)
+    try:
+        spec = write_spec(tmp_path, [a.address, b.address], {"command": ["touch", str(tmp_path / "started")]},
+                          launch={"connect_timeout": 3})
+        r = cli("up", spec, timeout=120)
+    finally:
+        subprocess.run(["ip", "-n", a.netns, "route", "del", "blackhole", f"{b.address}/32"], check=True)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"cannot reach task 1 at {b.address}:{PORT} from {a.address}" in out, out
+    assert f"cannot reach task 0 at {a.address}:{PORT} from {b.address}" in out, out
+    assert not (tmp_path / "started").exists()
+    nothing_started(tmp_path, cli)
+    # the listeners of the check are gone: nothing listens on the port (SO_REUSEADDR: TIME_WAIT left
+    # by TensorFlow in an earlier test does not count, it does not stop TensorFlow either)
+    for h in (0, 1):
+        probe = subprocess.run(th.netns_argv(h, PY, "-c", "import socket; s = socket.socket(); "
+                                             "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                                             f"s.bind(('', {PORT})); s.listen()"))
+        assert probe.returncode == 0
+
+
+@needs_root
+def test_unknown_host_key_refused_then_accepted_and_changed_key_refused(th, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(th.home, home)
+    known = home / ".ssh" / "known_hosts"
+    config = home / ".ssh" / "config"
+    config.write_text(config.read_text().replace(str(th.known_hosts), str(known)))
+    target = th.addresses[3]
+    lines = th.known_hosts.read_text().splitlines()
+    known.write_text("".join(f"{line}\n" for line in lines if not line.startswith(target + " ")))
+    cli = SSHCli(tmp_path / "mgpu-home", tmp_path, th, ssh_home=home)
+    done = tmp_path / "done"
+
+    spec = write_spec(tmp_path, [target], {"command": ["touch", str(done)]})
+    r = cli("up", spec, timeout=120)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"root@{target}: its SSH host key is not in known_hosts ({known})" in out, out
+    assert "accept_new_host_keys = true" in out and "ssh-keyscan" in out and not done.exists()
+
+    spec = write_spec(tmp_path, [target], {"command": ["touch", str(done)]}, launch={"accept_new_host_keys": True})
+    r = cli("up", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert done.exists()
+    recorded = [line for line in known.read_text().splitlines() if line.startswith(target + " ")]
+    assert len(recorded) == 1 and recorded[0].split()[2] in th.known_hosts.read_text()
+
+    other_key = next(line for line in lines if line.startswith(th.addresses[4] + " ")).split(" ", 1)[1]
+    known.write_text(known.read_text().replace(recorded[0], f"{target} {other_key}"))
+    r = cli("up", spec, timeout=120)  # still accept_new_host_keys: a changed key is refused anyway
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"root@{target}: its SSH host key has CHANGED" in out and f"ssh-keygen -R {target}" in out, out
+    assert not wait_gone(tmp_path, 10)
+
+
+@needs_root
+def test_hostile_values_stay_plain_strings(cli, th, tmp_path):
+    marker = Path(f"/tmp/mgpu-injected-{os.getpid()}-{time.monotonic_ns()}")
+    inject = [f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", f"' ; touch {marker}; '",
+              f'" ; touch {marker}; "', f"a\ntouch {marker}\nb", "$HOME", "*"]
+    workdir = tmp_path / "wd" / f"x; $(touch {marker}) `touch {marker}` 'q' \"dq\"\nnl"
+    workdir.mkdir(parents=True)
+    env_value = "".join(inject)
+    program = ("import json, os, sys; print('HOSTILE ' + json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(), "
+               "'env': os.environ['HOSTILE'], 'run_dir': os.environ['MGPU_RUN_DIR']}), flush=True)")
+    spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "-c", program, *inject]},
+                      defaults={"workdir": str(workdir), "env": {"HOSTILE": env_value}})
+    r = cli("up", spec, timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for i in range(2):
+        log = next(workdir.glob(f".mgpu/runs/*/task-{i}/worker.log")).read_text()
+        seen = json.loads(next(line for line in log.splitlines() if line.startswith("HOSTILE {"))[len("HOSTILE "):])
+        assert seen["argv"] == inject and seen["env"] == env_value and seen["cwd"] == str(workdir)
+        assert seen["run_dir"].startswith(str(workdir) + "/.mgpu/runs/")
+    assert not marker.exists(), "a value from the spec was executed by a shell"
+    assert cli("status", "--json", timeout=120).returncode == 0
+    assert cli("logs", "--task", "0", timeout=120).returncode == 0
+    assert not marker.exists()
+
+
+@needs_root
+def test_sync_copies_to_each_workdir_and_skips_unchanged(cli, th, tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "data" / "sub").mkdir(parents=True)
+    (proj / "job.py").write_text("print('JOB', open('data/a.txt').read(), open('data/sub/b.txt').read(), flush=True)\n")
+    (proj / "data" / "a.txt").write_text("alpha")
+    (proj / "data" / "sub" / "b.txt").write_text("beta")
+    wds = [tmp_path / "remote-0" / "wd", tmp_path / "remote-1" / "wd"]  # not there yet: sync makes them
+    spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "job.py"]}, top={"sync": ["job.py", "data"]},
+                      hosts=[{"workdir": str(w)} for w in wds], folder=proj)
+    r = cli("up", spec, timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("3 file(s) copied") == 2 and out.count("JOB alpha beta") == 2, out
+    for w in wds:
+        assert (w / "data" / "sub" / "b.txt").read_text() == "beta"
+        assert int((w / "job.py").stat().st_mtime) == int((proj / "job.py").stat().st_mtime)
+    r = cli("up", spec, timeout=180)
+    assert r.returncode == 0 and r.stdout.count("0 file(s) copied (0.0 MB), 3 unchanged") == 2, r.stdout
+    (proj / "data" / "a.txt").write_text("ALPHA!")
+    r = cli("up", spec, timeout=180)
+    assert r.returncode == 0 and r.stdout.count("1 file(s) copied") == 2, r.stdout
+    assert r.stdout.count("JOB ALPHA! beta") == 2
+
+
+@needs_root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_stopped_or_killed_launcher_stops_remote_tasks(cli, th, tmp_path, sig):
+    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 120})
+    up = cli.popen("up", spec)
+    try:
+        wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
+        up.send_signal(sig)
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert not wait_gone(tmp_path, 30), "remote tasks outlived their launcher"
+    if sig == signal.SIGINT:
+        assert up.returncode == 130 and "interrupted" in out.lower() and "Traceback" not in out, out
+        assert status_json(cli)["state"] == "stopped"
+    else:
+        assert status_json(cli)["state"] == "lost"
+
+
+@needs_root
+def test_more_tasks_on_one_host_than_sshd_allows_sessions(tmp_path):
+    """sshd's MaxSessions (10 by default) caps sessions per connection: more connections take the rest."""
+    with TestHosts(1, tmp_path / "th") as one:
+        config = one.state_dir / "hosts" / "h0" / "sshd_config"  # layout: deploy/README.md
+        config.write_text(config.read_text().replace("MaxSessions 64", "MaxSessions 2"))
+        one.crash(0)
+        one.revive(0)
+        cli = SSHCli(tmp_path / "mgpu-home", tmp_path, one)
+        spec = write_spec(tmp_path, [one.addresses[0]] * 5, tick(2), hosts=[{"port": PORT + i} for i in range(5)])
+        r = cli("up", spec, timeout=180)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        assert out.count("succeeded") >= 5 and "Secsh" not in out
+        assert not wait_gone(tmp_path / "wd", 30)  # (tmp_path also holds this host's sshd)
+
+
+@needs_root
+def test_jump_host_from_ssh_config(th, tmp_path):
+    """ProxyJump in ~/.ssh/config is honoured, and the jump host's key is checked too."""
+    jump, target = th.hosts[5], th.hosts[6]
+    home = tmp_path / "home"
+    shutil.copytree(th.home, home)
+    config = home / ".ssh" / "config"
+    known = home / ".ssh" / "known_hosts"
+    config.write_text(f"Host {target.address}\n    ProxyJump root@{jump.address}\n\n"
+                      + config.read_text().replace(str(th.known_hosts), str(known)))
+    cli = SSHCli(tmp_path / "mgpu-home", tmp_path, th, ssh_home=home)
+    log = th.sshd_log(target.index)
+    before = log.read_text()
+    spec = write_spec(tmp_path, [target.address], {"command": ["touch", str(tmp_path / "done")]})
+    r = cli("up", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "done").exists()
+    assert f"Accepted publickey for root from {jump.address}" in log.read_text()[len(before):]
+
+    known.write_text(  # the jump host's key unknown: refused, naming it
+        "".join(f"{line}\n" for line in th.known_hosts.read_text().splitlines()
+                             if not line.startswith(jump.address + " ")))
+    r = cli("up", spec, timeout=120)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, out
+    assert f"jump host root@{jump.address} (ProxyJump on the way to {target.address}): its SSH host key is not " \
+           "in known_hosts" in out, out
+    assert not wait_gone(tmp_path, 10)
