@@ -23,7 +23,7 @@ class TaskPlan:
     run_dir: str  # the task's folder on its host; relative paths are relative to cwd
     argv: tuple[str, ...]
     env: dict[str, str]
-    grace: float = 1.5
+    grace: float = 1.0
 
     @property
     def label(self) -> str:

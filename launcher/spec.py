@@ -121,7 +121,7 @@ class Launch(_Model):
     connect_timeout: PositiveFloat = 10.0
     start_timeout: PositiveFloat = 120.0
     heartbeat_timeout: PositiveFloat = 300.0
-    stop_grace: Annotated[float, Field(ge=0)] = 1.5
+    stop_grace: Annotated[float, Field(ge=0)] = 1.0
     accept_new_host_keys: bool = False
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 MARK = "\x1emgpu "
-GRACE_S = 1.5  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
+GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
 
 
