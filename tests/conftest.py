@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -45,6 +46,26 @@ def wait_gone(home: Path, timeout: float) -> list[psutil.Process]:
         if not left or time.time() > deadline:
             return left
         time.sleep(0.1)
+
+
+def wait_for(cond, timeout: float, what: str):
+    """Poll cond() until it returns something true; fail naming `what` after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def latest_state(cli) -> dict | None:
+    """state.json of the newest run under the CLI's MGPU_HOME (None before there is one)."""
+    runs = sorted((cli.home / "runs").glob("*/state.json")) if (cli.home / "runs").exists() else []
+    try:
+        return json.loads(runs[-1].read_text()) if runs else None
+    except ValueError:  # caught between write and rename of another writer: try again later
+        return None
 
 
 class Cli:

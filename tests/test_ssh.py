@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, Cli, run_processes, wait_gone
+from conftest import IN_CI, REPO, Cli, latest_state, run_processes, wait_for, wait_gone
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -148,22 +148,8 @@ def tick(seconds: float = 600) -> dict:
     return {"command": [PY, "-c", TICK, str(seconds)]}
 
 
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def latest_state(cli) -> dict | None:
-    runs = sorted((cli.home / "runs").glob("*/state.json")) if (cli.home / "runs").exists() else []
-    try:
-        return json.loads(runs[-1].read_text()) if runs else None
-    except ValueError:
-        return None
 
 
 def task_dir(tmp_path: Path, state: dict, i: int) -> Path:

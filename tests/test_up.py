@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, free_port, run_processes, wait_gone
+from conftest import REPO, free_port, latest_state, run_processes, wait_for, wait_gone
 
 DIGITS = 'entrypoint = "worker.examples.digits:task"'
 
@@ -30,24 +30,8 @@ def launcher_traceback(out: str) -> bool:
     return any(line.startswith("Traceback") for line in out.splitlines())
 
 
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def latest_state(cli) -> dict | None:
-    runs = sorted((cli.home / "runs").glob("*/state.json")) if (cli.home / "runs").exists() else []
-    if not runs:
-        return None
-    try:
-        return json.loads(runs[-1].read_text())
-    except ValueError:
-        return None
 
 
 def progress(task: dict) -> dict:
