@@ -110,6 +110,8 @@ class Agent:
                 self.run.state = "running"
                 self.mark_phase("all_started")
                 self.save(force=True)
+        elif ev.kind == "stats":
+            task.cpu_percent, task.rss = ev.data.get("cpu_percent"), ev.data.get("rss")
         elif ev.kind == "progress":
             task.progress, task.heartbeat = ev.data, now
             if (ev.data.get("global_step") or 0) > 0:

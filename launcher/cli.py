@@ -13,6 +13,7 @@ from launcher.errors import MgpuError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: rich's markdown and pygments cost ~0.1 s per start
     help="Launch and orchestrate multi-worker TensorFlow training from one cluster.toml.",
 )
 
@@ -77,11 +78,12 @@ def status(
     run: Optional[str] = RunArg,
     as_json: bool = typer.Option(False, "--json", help="One JSON object."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every 2 s until the run ends."),
+    probe: bool = typer.Option(False, "--probe", help="Ask every host now (GPU use too), not the launcher's record."),
 ):
     """Show every task of a run: state, progress, heartbeat, CPU and memory."""
     from launcher import runs
 
-    runs.status(run, as_json=as_json, watch=watch)
+    runs.status(run, as_json=as_json, watch=watch, probe=probe)
 
 
 @app.command()

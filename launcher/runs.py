@@ -23,8 +23,7 @@ ENDED = ("succeeded", "failed", "stopped")
 def _context(run_id: str | None):
     run = runstate.load(run_id)
     spec = load_spec(runstate.run_path(run.run_id) / "spec.toml")
-    plans = plan_tasks(spec, run.run_id)
-    return run, plans, transports_for(spec, plans)
+    return run, spec, plan_tasks(spec, run.run_id)
 
 
 def _close(transports) -> None:
@@ -55,28 +54,34 @@ def _probe_all(plans, transports) -> list[dict]:
     return [found[p.index] for p in plans]
 
 
-def snapshot(run: runstate.RunState, plans, transports) -> dict:
-    """The run as `status --json` shows it: state.json merged with what each host says now."""
+def _recorded(run: runstate.RunState) -> list[dict]:
+    """What the agent recorded in state.json, shaped like probe rows (its supervisors relay it all)."""
+    return [{"pid": t.pid, "exit_code": t.exit_code, "progress": t.progress, "cpu_percent": t.cpu_percent,
+             "rss": t.rss, "alive": t.state == "running"} for t in run.tasks]
+
+
+def snapshot(run: runstate.RunState, probes: list[dict] | None = None) -> dict:
+    """The run as `status --json` shows it: state.json, merged with what each host says when probed."""
     live = run.state not in ENDED
     agent = agent_alive(run)
-    probes = _probe_all(plans, transports)
     now = time.time()
     tasks = []
-    for t, probe in zip(run.tasks, probes):
+    for t, probe in zip(run.tasks, probes or _recorded(run)):
         state = t.state
         progress = probe.get("progress") or t.progress or {}
-        if live:
+        if live and probes is not None:
             if probe.get("alive"):
                 state = "running" if agent else "lost"
             elif probe.get("exit_code") is not None:
                 state = "succeeded" if probe["exit_code"] == 0 else "failed"
-            elif "error" in probe:
+            elif "error" in probe or (not agent and state in ("pending", "running")):
                 state = "lost"
-            elif not agent and state in ("pending", "running"):
-                state = "lost"
+        elif live and not agent and state in ("pending", "running"):
+            state = "lost"
+        code = probe.get("exit_code")
         tasks.append({
             "index": t.index, "host": t.host, "port": t.port, "pid": probe.get("pid") or t.pid,
-            "state": state, "exit_code": probe.get("exit_code", t.exit_code) if probe.get("exit_code") is not None else t.exit_code,
+            "state": state, "exit_code": t.exit_code if code is None else code,
             "restarts": t.restarts, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
             "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
@@ -84,9 +89,7 @@ def snapshot(run: runstate.RunState, plans, transports) -> dict:
             "cpu_percent": probe.get("cpu_percent"), "rss": probe.get("rss"), "gpu_util": probe.get("gpu_util"),
             "run_dir": t.run_dir, "error": probe.get("error"),
         })
-    state = run.state
-    if live and not agent:
-        state = "lost"
+    state = "lost" if live and not agent else run.state
     return {"run_id": run.run_id, "state": state, "attempt": run.attempt, "failure": run.failure,
             "agent_pid": run.agent_pid, "detached": run.detached, "tasks": tasks}
 
@@ -104,12 +107,19 @@ def _table(snap: dict) -> Table:
     return table
 
 
-def status(run_id: str | None, as_json: bool = False, watch: bool = False) -> None:
-    run, plans, transports = _context(run_id)
+def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
+    """A live agent keeps state.json fresh (progress, CPU, RSS relayed by the supervisors), so the
+    hosts are asked directly only with `probe`, or when the agent is gone and the run not ended."""
+    run, spec, plans = _context(run_id)
     out = Output()
+    transports = []
     try:
         while True:
-            snap = snapshot(run, plans, transports)
+            probes = None
+            if probe or (run.state not in ENDED and not agent_alive(run)):
+                transports = transports or transports_for(spec, plans)
+                probes = _probe_all(plans, transports)
+            snap = snapshot(run, probes)
             if as_json:
                 print(json.dumps(snap), flush=True)
             else:
@@ -125,7 +135,8 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False) -> No
 
 
 def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail: int | None = None) -> None:
-    run, plans, transports = _context(run_id)
+    run, spec, plans = _context(run_id)
+    transports = transports_for(spec, plans)
     chosen = [p for p in plans if task is None or p.index == task]
     if not chosen:
         raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(plans) - 1}")
@@ -174,7 +185,8 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
 
 
 def down(run_id: str | None) -> None:
-    run, plans, transports = _context(run_id)
+    run, spec, plans = _context(run_id)
+    transports = transports_for(spec, plans)
     out = Output()
     try:
         if agent_alive(run) and run.agent_pid != os.getpid():

@@ -31,6 +31,8 @@ class TaskState:
     ended_at: float | None = None
     heartbeat: float | None = None  # when its progress last changed (launcher's clock)
     progress: dict | None = None
+    cpu_percent: float | None = None  # relayed by the task's supervisor
+    rss: int | None = None
 
 
 @dataclass

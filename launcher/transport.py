@@ -4,6 +4,7 @@ A started task reports through `events`, a queue of Event(index, kind, data):
   line      one line of the task's output (data: str)
   started   the supervisor runs the program (data: {"pid", "supervisor_pid"})
   progress  progress.json changed (data: the progress dict)
+  stats     the task's CPU% and RSS, every few seconds (data: {"cpu_percent", "rss"})
   exit      the supervisor finished (data: {"code"}); a negative code is a signal
   lost      the connection to the task's supervisor ended with no exit report (data: reason)
 """
@@ -44,7 +45,7 @@ def read_events(index: int, lines: Iterable[str], events: queue.Queue) -> bool:
             kind = msg.pop("event", "")
             if kind == "progress":
                 events.put(Event(index, "progress", msg["progress"]))
-            elif kind in ("started", "exit"):
+            elif kind in ("started", "exit", "stats"):
                 exited |= kind == "exit"
                 events.put(Event(index, kind, msg))
         else:

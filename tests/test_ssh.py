@@ -176,8 +176,8 @@ def running(pid: int) -> bool:
         return False
 
 
-def status_json(cli) -> dict:
-    r = cli("status", "--json", timeout=120)
+def status_json(cli, *args) -> dict:
+    r = cli("status", "--json", *args, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
 
@@ -230,13 +230,19 @@ def test_eight_hosts_start_in_parallel_and_answer_status(cli, th, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     try:
         wait_for(lambda: all_progressing(cli, tmp_path), 120, "8 tasks progressing")
+
+        def answered(snap):  # the launcher's record trails the hosts by a second or two
+            return snap["state"] == "running" and all(
+                t["state"] == "running" and t["pid"] and t["rss"] and (t["global_step"] or 0) > 0 for t in snap["tasks"])
+
+        wait_for(lambda: answered(status_json(cli)), 30, "status --json to show all 8 tasks running")
         t0 = time.time()
         snap = status_json(cli)
         status_s = time.time() - t0
-        assert snap["state"] == "running"
+        assert answered(snap), snap
         assert [t["host"] for t in snap["tasks"]] == th.addresses[:8]
-        assert all(t["state"] == "running" and t["pid"] and t["rss"] and (t["global_step"] or 0) > 0
-                   for t in snap["tasks"]), snap
+        probed = status_json(cli, "--probe")  # asking every host directly gives the same picture
+        assert answered(probed), probed
         logs = cli("logs", "--tail", "1", timeout=120)
         assert logs.returncode == 0 and all(f"task{i} " in logs.stdout for i in range(8)), logs.stdout
         phases = latest_state(cli)["phases"]

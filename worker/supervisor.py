@@ -26,6 +26,7 @@ from pathlib import Path
 MARK = "\x1emgpu "
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
+STATS_EVERY_S = 2.0  # CPU% and RSS of the task, so that `status` needs no trip to the host
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -70,6 +71,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.last_progress = ""
+        self.ps = None  # psutil.Process of the task, for its stats
 
     def emit(self, event: str, **data) -> None:
         self.say(MARK + json.dumps({"event": event, **data}))
@@ -138,9 +140,28 @@ class Supervisor:
             self.emit("progress", progress=data)
 
     def watch_progress(self) -> None:
+        stats_at = time.monotonic() - STATS_EVERY_S + 0.5  # the first figures half a second in
+        self.send_stats()
         while self.proc.poll() is None:
             self.send_progress()
+            if time.monotonic() - stats_at >= STATS_EVERY_S:
+                stats_at = time.monotonic()
+                self.send_stats()
             time.sleep(PROGRESS_POLL_S)
+
+    def send_stats(self) -> None:
+        try:
+            import psutil
+
+            proc = psutil.Process(self.proc.pid)
+            if self.ps is None or self.ps.pid != proc.pid:
+                self.ps = proc
+                proc.cpu_percent(None)  # the first call starts the measuring window
+                return
+            rss = sum(p.memory_info().rss for p in [self.ps, *self.ps.children(recursive=True)])
+            self.emit("stats", cpu_percent=round(self.ps.cpu_percent(None), 1), rss=rss)
+        except Exception:  # psutil missing or the task just ended: stats are optional
+            pass
 
     def stop(self, reason: str) -> None:
         if self.stopping.is_set():
