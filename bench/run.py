@@ -729,7 +729,7 @@ def fig_status(b: Bench) -> list[Row]:
     b.raw["status"] = {"ours": ours, "baseline": base, "cpu_status_process_and_machine": cpu}
     return [Row("`status --json` over 16 SSH hosts (baseline: 16 parallel `ssh host cat pid`)", Stat(ours),
                 Stat(base), "s", paired_ratio(ours, base), "ours <= 1",
-                "a fresh `mgpu-cluster status --json` process each time: start, 16 SSH connections, probe, print; "
+                "a fresh `mgpu-cluster status --json` process each time: start, read the live launcher's record (the supervisors relay progress, CPU, RSS), print; `--probe` goes to every host; "
                 f"CPU of the status process {Stat([c[0] for c in cpu]).fmt('s')}, of all processes on the machine "
                 f"{Stat([c[1] for c in cpu]).fmt('s')} on {os.cpu_count()} cores")]
 
