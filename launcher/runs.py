@@ -192,12 +192,11 @@ def down(run_id: str | None) -> None:
         if agent_alive(run) and run.agent_pid != os.getpid():
             out.say(f"asking the launcher of run {run.run_id} (pid {run.agent_pid}) to stop every task")
             os.kill(run.agent_pid, signal.SIGTERM)
-            try:
-                psutil.Process(run.agent_pid).wait(30)
-            except psutil.TimeoutExpired:
+            deadline = time.time() + 30
+            while agent_alive(run) and time.time() < deadline:  # a zombie counts as gone
+                time.sleep(0.1)
+            if agent_alive(run):
                 out.say("the launcher did not stop within 30 s; stopping the tasks directly")
-            except psutil.Error:
-                pass
         results = parallel(lambda pt: pt[1].stop_tasks([pt[0]]), list(zip(plans, transports)))
         run = runstate.load(run.run_id)
         problems = [f"{p.label}: {r}" for p, r in zip(plans, results) if isinstance(r, Exception)]
