@@ -16,7 +16,7 @@ from rich.table import Table
 
 from launcher import state as runstate
 from launcher.agent import Agent
-from launcher.errors import Interrupted, PreflightError, RunFailed
+from launcher.errors import Interrupted, PreflightError, RunFailed, RunNotFound
 from launcher.output import Output
 from launcher.plan import mask_env, plan_tasks
 from launcher.preflight import TaskCheck, preflight
@@ -127,24 +127,39 @@ def start_detached(spec_path: Path, run_id: str, plans) -> None:
                                 start_new_session=True)
     out = Output()
     deadline = time.time() + DETACH_WAIT_S
-    while time.time() < deadline:
-        code = proc.poll()
+    try:
+        while time.time() < deadline:
+            code = proc.poll()
+            try:
+                run = runstate.load(run_id)
+            except RunNotFound:  # not written yet
+                run = None
+            if run and run.state == "running":
+                out.say(f"run {run_id} is running detached ({len(plans)} task(s)); "
+                        f"'mgpu-cluster status {run_id}' to watch, 'mgpu-cluster down {run_id}' to stop")
+                return
+            if code is not None:
+                tail = (folder / "launcher.out").read_text(errors="replace")[-3000:]
+                err = RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}")
+                err.exit_code = code if code in (1, 2) else 1
+                raise err
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop_background(proc)
+        raise Interrupted(f"interrupted: run {run_id} was stopped before it was running") from None
+    _stop_background(proc)
+    raise RunFailed(f"run {run_id} did not reach running within {DETACH_WAIT_S:.0f} s and was stopped; "
+                    f"'mgpu-cluster logs {run_id}' shows why")
+
+
+def _stop_background(proc: subprocess.Popen) -> None:
+    """Ask a background agent that never got its run going to stop its tasks, as `down` would."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            run = runstate.load(run_id)
-        except Exception:
-            run = None
-        if run and run.state == "running":
-            out.say(f"run {run_id} is running detached ({len(plans)} task(s)); "
-                    f"'mgpu-cluster status {run_id}' to watch, 'mgpu-cluster down {run_id}' to stop")
-            return
-        if code is not None:
-            tail = (folder / "launcher.out").read_text(errors="replace")[-3000:]
-            err = RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}")
-            err.exit_code = code if code in (1, 2) else 1
-            raise err
-        time.sleep(0.2)
-    raise RunFailed(f"run {run_id} did not reach running within {DETACH_WAIT_S:.0f} s; "
-                    f"'mgpu-cluster logs {run_id}' shows why, 'mgpu-cluster down {run_id}' stops it")
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def summary(run: runstate.RunState, out: Output) -> None:

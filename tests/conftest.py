@@ -48,6 +48,16 @@ def wait_gone(home: Path, timeout: float) -> list[psutil.Process]:
         time.sleep(0.1)
 
 
+def reap(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Kill what a test left behind (so the next test starts clean); returns the list for the report."""
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return procs
+
+
 def wait_for(cond, timeout: float, what: str):
     """Poll cond() until it returns something true; fail naming `what` after `timeout` seconds."""
     deadline = time.time() + timeout
@@ -84,16 +94,25 @@ class Cli:
         return subprocess.Popen(self.argv(*args), cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, **kw)
 
+    def up_while(self, spec, ready, act, what: str, ready_timeout: float = 240, timeout: float = 120):
+        """Run `up SPEC`; once ready() gives a value, act(up, value); then (exit code, output).
+
+        `up` is reaped whatever happens, so a failing test leaves no launcher behind."""
+        up = self.popen("up", spec)
+        try:
+            act(up, wait_for(ready, ready_timeout, what))
+            out, _ = up.communicate(timeout=timeout)
+            return up.returncode, out
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait()
+
 
 @pytest.fixture
 def cli(tmp_path):
     home = tmp_path / "mgpu-home"
     c = Cli(home, tmp_path)
     yield c
-    left = run_processes(home)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    left = reap(run_processes(home))
     assert not left, f"processes left running after the test: {[(p.pid, p.info) for p in left]}"

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, Cli, latest_state, run_processes, wait_for, wait_gone
+from conftest import IN_CI, REPO, Cli, latest_state, reap, run_processes, wait_for, wait_gone
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -85,7 +85,7 @@ def test_sync_files_maps_relative_and_absolute_entries(tmp_path):
 @pytest.fixture(scope="module")
 def th(tmp_path_factory):
     if os.geteuid() != 0 and not IN_CI:
-        pytest.skip("needs root to make network namespaces and run sshd")
+        pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
     hosts = TestHosts(N_HOSTS, tmp_path_factory.mktemp("sshhosts"))
     try:
         hosts.up()
@@ -109,12 +109,7 @@ class SSHCli(Cli):
 def cli(tmp_path, th):
     c = SSHCli(tmp_path / "mgpu-home", tmp_path, th)
     yield c
-    left = wait_gone(tmp_path, 30)  # workdirs, run dirs and MGPU_HOME all live under tmp_path
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    left = reap(wait_gone(tmp_path, 30))  # workdirs, run dirs and MGPU_HOME all live under tmp_path
     assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
@@ -262,16 +257,12 @@ def test_eight_hosts_start_in_parallel_and_answer_status(cli, th, tmp_path):
 def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
     victim = 1
     spec = write_spec(tmp_path, th.addresses[:3], tick(), launch={"heartbeat_timeout": 120})
-    up = cli.popen("up", spec)
     try:
-        wait_for(lambda: all_progressing(cli, tmp_path), 120, "3 tasks progressing")
-        th.crash(victim)
-        out, _ = up.communicate(timeout=120)
+        code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), lambda _up, _st: th.crash(victim),
+                                 "3 tasks progressing", ready_timeout=120)
     finally:
-        if up.poll() is None:
-            up.kill()
         th.revive(victim)
-    assert up.returncode == 1, out
+    assert code == 1, out
     assert f"task {victim} ({th.addresses[victim]}:{PORT}) was lost" in out, out
     assert "Traceback" not in out
     assert not wait_gone(tmp_path, 30), "a process of the run survived on some host"
@@ -283,21 +274,22 @@ def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
 def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
     victim = 1
     spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 4, "connect_timeout": 3})
-    up = cli.popen("up", spec)
-    try:
-        st = wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
-        cut_pids = [st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]]
+    cut_pids = []
+
+    def cut(_up, st):
+        cut_pids.extend([st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]])
         th.cut(victim)
-        t0 = time.time()
-        out, _ = up.communicate(timeout=180)
+
+    t0 = time.time()
+    try:
+        code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), cut, "2 tasks progressing",
+                                 ready_timeout=120, timeout=180)
         detected = time.time() - t0
-        # the cut host cannot hear the launcher: its watchdog stops the task by itself
+        # the cut host cannot hear the launcher: its supervisor's lifeline stops the task by itself
         wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
     finally:
-        if up.poll() is None:
-            up.kill()
         th.restore(victim)
-    assert up.returncode == 1, out
+    assert code == 1, out
     assert f"task {victim} ({th.addresses[victim]}:{PORT}) sent no progress" in out, out
     assert "heartbeat_timeout = 4" in out and "Traceback" not in out
     assert not wait_gone(tmp_path, 30)
@@ -483,17 +475,11 @@ def test_sync_copies_to_each_workdir_and_skips_unchanged(cli, th, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_stopped_or_killed_launcher_stops_remote_tasks(cli, th, tmp_path, sig):
     spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 120})
-    up = cli.popen("up", spec)
-    try:
-        wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
-        up.send_signal(sig)
-        out, _ = up.communicate(timeout=60)
-    finally:
-        if up.poll() is None:
-            up.kill()
+    code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), lambda up, _st: up.send_signal(sig),
+                             "2 tasks progressing", ready_timeout=120, timeout=60)
     assert not wait_gone(tmp_path, 30), "remote tasks outlived their launcher"
     if sig == signal.SIGINT:
-        assert up.returncode == 130 and "interrupted" in out.lower() and "Traceback" not in out, out
+        assert code == 130 and "interrupted" in out.lower() and "Traceback" not in out, out
         assert status_json(cli)["state"] == "stopped"
     else:
         assert status_json(cli)["state"] == "lost"

@@ -41,6 +41,11 @@ def progress(task: dict) -> dict:
         return {}
 
 
+def running_state(cli) -> dict | None:
+    st = latest_state(cli)
+    return st if st and st["state"] == "running" else None
+
+
 def all_training(cli):
     st = latest_state(cli)
     if st and st["state"] == "running" and all(progress(t).get("global_step", 0) > 0 for t in st["tasks"]):
@@ -75,37 +80,30 @@ def test_example_cluster_trains_and_status_shows_it(cli):
 
 def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
     spec = write_spec(tmp_path, DIGITS + "\nepochs = 200")
-    up = cli.popen("up", spec)
-    try:
-        st = wait_for(lambda: all_training(cli), 240, "both workers training")
+
+    def kill_task_1(_up, st):
         victim, other = st["tasks"][1], st["tasks"][0]
         survivors = [psutil.Process(other["pid"]), psutil.Process(other["supervisor_pid"])]
         os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.time()
         gone, alive = psutil.wait_procs(survivors, timeout=10)
         took = time.time() - killed_at
-        assert not alive and took < 3.0, f"other worker still there after {took:.1f} s"
-        out, _ = up.communicate(timeout=60)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == 1, out
+        # typically 1.1 s (stop_grace 1.0 s + detection); a wide margin, as for every timed assertion
+        # here: the figure itself is measured by bench/run.py (failure detection, target <= 2 s)
+        assert not alive and took < 5.0, f"other worker still there after {took:.1f} s"
+
+    code, out = cli.up_while(spec, lambda: all_training(cli), kill_task_1, "both workers training")
+    assert code == 1, out
     assert "task 1" in out and "SIGKILL" in out and not launcher_traceback(out)
     assert not wait_gone(cli.home, 5)
 
 
 def test_sigint_to_up_stops_everything_with_130(cli, tmp_path):
     spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]')
-    up = cli.popen("up", spec)
-    try:
-        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
-        pids = [t["pid"] for t in latest_state(cli)["tasks"]]
-        up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=60)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == 130, out
+    code, out = cli.up_while(spec, lambda: running_state(cli), lambda up, _st: up.send_signal(signal.SIGINT),
+                             "tasks running")
+    pids = [t["pid"] for t in latest_state(cli)["tasks"]]
+    assert code == 130, out
     assert "interrupted" in out.lower() and not launcher_traceback(out)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert not wait_gone(cli.home, 5)
@@ -114,28 +112,16 @@ def test_sigint_to_up_stops_everything_with_130(cli, tmp_path):
 
 def test_sigterm_to_up_exits_130(cli, tmp_path):
     spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; time.sleep(600)"]', n=1)
-    up = cli.popen("up", spec)
-    try:
-        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
-        up.send_signal(signal.SIGTERM)
-        out, _ = up.communicate(timeout=60)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == 130, out
+    code, out = cli.up_while(spec, lambda: running_state(cli), lambda up, _st: up.send_signal(signal.SIGTERM),
+                             "tasks running")
+    assert code == 130, out
     assert not wait_gone(cli.home, 5)
 
 
 def test_launcher_killed_with_9_leaves_no_workers(cli, tmp_path):
     spec = write_spec(tmp_path, 'command = ["python3", "-c", "import time; time.sleep(600)"]')
-    up = cli.popen("up", spec)
-    try:
-        wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 60, "tasks running")
-        up.kill()
-        up.wait(10)
-    finally:
-        if up.poll() is None:
-            up.kill()
+    code, _out = cli.up_while(spec, lambda: running_state(cli), lambda up, _st: up.kill(), "tasks running")
+    assert code == -signal.SIGKILL
     assert not wait_gone(cli.home, 10), "workers outlived their launcher"
     assert status_json(cli)["state"] == "lost"
 
@@ -186,19 +172,14 @@ def test_detach_status_down(cli, tmp_path):
 def test_restart_resumes_from_checkpoint(cli, tmp_path):
     spec = write_spec(tmp_path, DIGITS + "\nepochs = 5\nsteps_per_epoch = 60\nbatch_size_per_replica = 8",
                       launch="max_restarts = 1")
-    up = cli.popen("up", spec)
-    try:
-        def after_epoch_2():  # epoch 3 has begun, so epoch 2 ended and was checkpointed
-            st = latest_state(cli)
-            return st if st and st["state"] == "running" and progress(st["tasks"][1]).get("epoch", 0) >= 3 else None
 
-        st = wait_for(after_epoch_2, 300, "epoch 3 to begin")
-        os.kill(st["tasks"][1]["pid"], signal.SIGKILL)
-        out, _ = up.communicate(timeout=400)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == 0, out
+    def after_epoch_2():  # epoch 3 has begun, so epoch 2 ended and was checkpointed
+        st = running_state(cli)
+        return st if st and progress(st["tasks"][1]).get("epoch", 0) >= 3 else None
+
+    code, out = cli.up_while(spec, after_epoch_2, lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL),
+                             "epoch 3 to begin", ready_timeout=300, timeout=400)
+    assert code == 0, out
     assert "restarting the whole group" in out
     snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["attempt"] == 1
