@@ -1,4 +1,8 @@
-"""The agent loop: start every task, watch exits and heartbeats, fail fast, restart the group."""
+"""The agent loop: start every task, watch exits and heartbeats, fail fast, restart the group.
+
+It reads only typed events (worker.protocol) from its engine; output lines go straight to the
+display and never through this loop, so a flood or a stalled terminal cannot delay fail-fast.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,19 @@ import queue
 import signal
 import time
 
-from launcher import state as runstate
+from launcher import interrupts
+from launcher.engines import Engine
 from launcher.errors import Interrupted, RunFailed
 from launcher.output import Output
 from launcher.plan import TaskPlan
+from launcher.record import Attempt, Owner, run_path
 from launcher.spec import ClusterSpec
-from launcher.transport import Event, Handle, Transport, parallel
+from worker import protocol
+from worker.protocol import RunState, TaskState
 
-TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for stop reports before acting alone
+TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 SAVE_EVERY_S = 1.0
+TAIL_LINES = 15
 
 
 def describe_exit(code: int) -> str:
@@ -29,120 +37,162 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+class _AttemptSink:
+    """What one attempt's tasks report; late reports of an earlier attempt are told apart."""
+
+    def __init__(self, agent: "Agent", attempt: int):
+        self.agent, self.attempt = agent, attempt
+
+    def event(self, index: int, event: protocol.Event) -> None:
+        self.agent.events.put((self.attempt, index, event))
+
+    def output(self, index: int, lines: list[str], dropped: int) -> None:
+        self.agent.tails[index].extend(lines)
+        self.agent.out.task_lines(self.agent.plans[index], lines, dropped)
+
+    def garbage(self, index: int, text: str) -> None:
+        self.agent.out.logline(f"task {index}: a line from its supervisor that is not a record (ignored): {text}")
+        self.output(index, [text], 0)
+
+
 class Agent:
-    def __init__(self, spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport],
-                 run: runstate.RunState, out: Output):
-        self.spec, self.plans, self.transports, self.run, self.out = spec, plans, transports, run, out
-        self.handles: dict[int, Handle] = {}
-        self.tails = {p.index: collections.deque(maxlen=15) for p in plans}
-        self.saved_at = 0.0
+    def __init__(self, spec: ClusterSpec, plans: list[TaskPlan], engine: Engine, owner: Owner, out: Output):
+        self.spec, self.plans, self.engine, self.owner, self.out = spec, plans, engine, owner, out
+        self.run = owner.record
+        self.live: set[int] = set()  # tasks started in this attempt whose exit is not known yet
+        self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in plans}
         self.events: queue.Queue = queue.Queue()
 
     # -- the state machine: attempt -> (succeeded | restart | failed), teardown always
-    def execute(self) -> runstate.RunState:
-        run = self.run
-        run.state = "pending"
+    def execute(self) -> None:
+        run, launch = self.run, self.spec.launch
         try:
             while True:
                 failure = self.attempt(run.attempt)
                 if failure is None:
-                    run.state = "succeeded"
-                    return run
-                if run.attempt < self.spec.launch.max_restarts:
+                    run.state = RunState.SUCCEEDED
+                    return
+                if run.attempt < launch.max_restarts:
+                    self.out.say(f"attempt {run.attempt} failed: {failure}")
                     run.attempt += 1
-                    self.out.say(f"restarting the whole group (restart {run.attempt} of "
-                                 f"{self.spec.launch.max_restarts}); it resumes from its last checkpoint")
+                    self.out.say(f"restarting the whole group (restart {run.attempt} of {launch.max_restarts}) "
+                                 "after that failure; it resumes from its last checkpoint")
                     continue
-                run.state, run.failure = "failed", failure
+                run.state, run.failure = RunState.FAILED, failure
                 raise RunFailed(failure)
-        except (KeyboardInterrupt, Interrupted):
-            run.state, run.failure = "stopped", "interrupted (Ctrl-C or SIGTERM); every task was stopped"
-            self.teardown("interrupted")
+        except KeyboardInterrupt:
+            why = interrupts.reason()
+            if (run_path(run.run_id) / "down.request").exists():
+                why = "stopped by 'mgpu-cluster down'"
+            with interrupts.shield(self.out.say):
+                self.teardown(why)
+                run.state, run.failure = RunState.STOPPED, f"{why}; every task was stopped"
+                self.end_attempt("stopped", why)
             raise Interrupted(run.failure) from None
         finally:
-            if self.handles:
-                self.teardown("launcher exiting")
-            run.ended_at = time.time()
-            runstate.save(run)
+            with interrupts.shield(self.out.say):
+                if self.live:
+                    self.teardown("the launcher is exiting")
+                run.ended_at = time.time()
+                self.owner.save()
 
-    def attempt(self, attempt: int) -> str | None:
-        self.events = events = queue.Queue()
-        for t in self.run.tasks:
-            t.state, t.exit_code, t.pid, t.heartbeat, t.progress = "pending", None, None, None, None
-            t.restarts = attempt
+    def attempt(self, number: int) -> str | None:
+        run = self.run
+        run.state = RunState.STARTING
+        run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=[p.index for p in self.plans]))
+        for t in run.tasks:
+            t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
+            t.proc_status, t.restarts = None, number
+        self.events = queue.Queue()
         spawn_at = time.time()
-        self.run.phases.setdefault("spawn_started", spawn_at)
-        results = parallel(lambda p: self.transports[p.index].start(p, attempt, events), self.plans)
-        failed = []  # every host's outcome: one that fails to start must not hide another
-        for plan, result in zip(self.plans, results):
-            if isinstance(result, Exception):
-                failed.append(f"{plan.label} could not be started: {result}")
-            else:
-                self.handles[plan.index] = result
-        failure = "\n".join(failed) or None
-        self.save(force=True)
+        run.phases.setdefault("spawn_started", spawn_at)
+        self.owner.save()
+        self.live = set(range(len(self.plans)))
+        failed = self.engine.start(number, _AttemptSink(self, number))
+        failure = "\n".join(f"{self.plans[i].label} could not be started: {why}" for i, why in sorted(failed.items()))
+        for i in failed:  # every host's outcome: one that fails to start must not hide another
+            self.live.discard(i)
+            run.tasks[i].state = TaskState.FAILED
+        failure = failure or None
+        self.owner.save()
         while failure is None:
             try:
-                event = events.get(timeout=0.2)
+                got = self.events.get(timeout=0.2)
             except queue.Empty:
-                event = None
-            if event is not None:
-                failure = self.on_event(event)
+                got = None
+            if got is not None and got[0] == number:
+                failure = self.on_event(got[1], got[2])
             failure = failure or self.check_timeouts(spawn_at)
-            if all(t.state == "succeeded" for t in self.run.tasks):
-                self.handles.clear()
+            if failure is None and all(t.state == TaskState.SUCCEEDED for t in run.tasks):
                 self.mark_phase("end")
+                self.end_attempt("succeeded", None)
                 return None
-            self.save()
-        self.out.say(f"attempt {attempt} failed: stopping every task")
-        self.teardown("another task failed")
+            self.owner.save(every=SAVE_EVERY_S)
+        self.end_attempt("failed", failure)
+        self.out.say(f"attempt {number} failed: stopping every task")
+        with interrupts.shield(self.out.say):
+            self.teardown("another task failed")
         return failure
 
-    def on_event(self, ev: Event) -> str | None:
-        task, plan = self.run.tasks[ev.index], self.plans[ev.index]
+    def end_attempt(self, outcome: str, reason: str | None) -> None:
+        current = self.run.attempts[-1] if self.run.attempts else None
+        if current is not None and current.ended_at is None:
+            current.ended_at, current.outcome, current.reason = time.time(), outcome, reason
+            self.owner.save()
+
+    def on_event(self, index: int, ev: protocol.Event) -> str | None:
+        task, plan = self.run.tasks[index], self.plans[index]
         now = time.time()
-        if ev.kind == "line":
-            self.tails[ev.index].append(ev.data)
-            self.out.task_line(plan, ev.data)
-        elif ev.kind == "started":
-            task.state, task.pid, task.supervisor_pid, task.started_at = "running", ev.data["pid"], ev.data["supervisor_pid"], now
-            if all(t.state == "running" for t in self.run.tasks):
-                self.run.state = "running"
+        if isinstance(ev, protocol.Started):
+            task.state, task.pid, task.create_time = TaskState.RUNNING, ev.pid, ev.create_time
+            task.supervisor_pid, task.started_at = ev.supervisor_pid, now
+            if all(t.state == TaskState.RUNNING for t in self.run.tasks):
+                self.run.state = RunState.RUNNING
                 self.mark_phase("all_started")
-                self.save(force=True)
-        elif ev.kind == "stats":
-            task.cpu_percent, task.rss = ev.data.get("cpu_percent"), ev.data.get("rss")
-        elif ev.kind == "progress":
-            task.progress, task.heartbeat = ev.data, now
-            if (ev.data.get("global_step") or 0) > 0:
+                self.owner.save()
+        elif isinstance(ev, protocol.Stats):
+            task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
+        elif isinstance(ev, protocol.Progress):
+            task.progress, task.heartbeat = ev.progress, now
+            if (ev.progress.get("global_step") or 0) > 0:
                 self.mark_phase("first_step")
-        elif ev.kind == "exit":
-            task.exit_code, task.ended_at = ev.data["code"], now
-            if task.exit_code == 0:
-                task.state = "succeeded"
-                self.handles.pop(ev.index, None)
-                self.save(force=True)
+        elif isinstance(ev, protocol.Exit):
+            self.live.discard(index)
+            task.exit_code, task.ended_at = ev.code, now
+            if ev.tail:
+                self.tails[index] = collections.deque(ev.tail[-TAIL_LINES:], maxlen=TAIL_LINES)
+            if ev.code == 0:
+                task.state = TaskState.SUCCEEDED
+                self.owner.save()
                 return None
-            task.state = "failed"
-            self.handles.pop(ev.index, None)
-            return self.report(plan, describe_exit(task.exit_code))
-        elif ev.kind == "lost":
-            task.state, task.ended_at = "lost", now
-            self.handles.pop(ev.index, None)
-            return self.report(plan, f"was lost: {ev.data}")
+            task.state = TaskState.FAILED
+            return self.report(plan, ev.reason or describe_exit(ev.code))
+        elif isinstance(ev, protocol.Lost):
+            self.live.discard(index)
+            task.state, task.ended_at = TaskState.LOST, now
+            return self.report(plan, f"was lost: {ev.reason}")
         return None
 
     def check_timeouts(self, spawn_at: float) -> str | None:
         now, launch = time.time(), self.spec.launch
         for task, plan in zip(self.run.tasks, self.plans):
-            if task.state == "pending" and now - spawn_at > launch.start_timeout:
-                task.state = "failed"
+            if task.state == TaskState.PENDING and task.index in self.live and now - spawn_at > launch.start_timeout:
+                task.state = TaskState.FAILED
                 return self.report(plan, f"did not start within start_timeout = {launch.start_timeout:g} s")
-            if task.state == "running" and task.heartbeat and now - task.heartbeat > launch.heartbeat_timeout:
-                task.state = "failed"
-                return self.report(plan, f"sent no progress for {now - task.heartbeat:.0f} s "
-                                         f"(heartbeat_timeout = {launch.heartbeat_timeout:g} s): hung, or its host is cut off")
-        return None
+        # the heartbeat counts from a task's first progress report (imports and set-up are no hang)
+        running = [t for t in self.run.tasks if t.state == TaskState.RUNNING and t.heartbeat]
+        if not any(now - t.heartbeat > launch.heartbeat_timeout for t in running):
+            return None
+        # a hang stalls its peers too (they wait in the all-reduce): name the task that stopped, not
+        # a waiting peer: a process that is stopped (SIGSTOP), else the one furthest behind, longest silent
+        culprit = min(running, key=lambda t: (t.proc_status not in ("stopped", "tracing-stop"),
+                                              (t.progress or {}).get("global_step") or 0, t.heartbeat))
+        culprit.state = TaskState.FAILED
+        stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in (
+            "stopped", "tracing-stop") else ""
+        return self.report(self.plans[culprit.index],
+                           f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
+                           f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
 
     def report(self, plan: TaskPlan, what: str) -> str:
         tail = "\n".join(f"    {line}" for line in self.tails[plan.index]) or "    (no output)"
@@ -152,40 +202,40 @@ class Agent:
 
     def teardown(self, reason: str) -> None:
         """Stop every live task, then wait (bounded) for each one's exit report."""
-        live = dict(self.handles)
-        self.handles.clear()
-        for handle in live.values():
-            handle.stop()
-        if live:
-            self.out.say(f"stopping {len(live)} task(s): {reason}")
+        live, self.live = set(self.live), set()
+        if not live:
+            return
+        self.out.say(f"stopping {len(live)} task(s): {reason}")
+        self.engine.stop(sorted(live))
+        number = self.run.attempt
         deadline = time.time() + self.spec.launch.stop_grace + TEARDOWN_SLACK_S
         while live and time.time() < deadline:
             try:
-                ev = self.events.get(timeout=0.2)
+                attempt, index, ev = self.events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if ev.kind == "line":
-                self.tails[ev.index].append(ev.data)
-                self.out.task_line(self.plans[ev.index], ev.data)
-            elif ev.kind in ("exit", "lost") and ev.index in live:
-                del live[ev.index]
-                task = self.run.tasks[ev.index]
-                task.exit_code = ev.data.get("code") if isinstance(ev.data, dict) else None
-                task.state, task.ended_at = "stopped", time.time()
+            if attempt != number or index not in live:
+                continue
+            if isinstance(ev, (protocol.Exit, protocol.Lost)):
+                live.discard(index)
+                task = self.run.tasks[index]
+                task.exit_code = getattr(ev, "code", None)
+                task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
+                task.ended_at = time.time()
+            elif isinstance(ev, protocol.Started):
+                self.on_event(index, ev)
         if live:
             self.out.say(f"tasks {sorted(live)} did not confirm their stop; stopping them from their folders")
-            stuck = [self.plans[i] for i in live]
-            results = parallel(lambda p: self.transports[p.index].stop_tasks([p]), stuck)
-            for plan, result in zip(stuck, results):  # an unreachable host must not end the teardown
-                self.run.tasks[plan.index].state = "lost" if isinstance(result, Exception) else "stopped"
-                if isinstance(result, Exception):
-                    self.out.say(f"{plan.label} could not be stopped: {result}")
-        self.save(force=True)
+            stuck = sorted(live)
+            for index, res in zip(stuck, self.engine.stop_from_folders(stuck)):
+                task = self.run.tasks[index]
+                task.state, task.ended_at = (TaskState.STOPPED if res.ok else TaskState.LOST), time.time()
+                if not res.ok:  # an unreachable host must not end the teardown
+                    self.out.say(f"{self.plans[index].label} could not be stopped: {res.error}")
+        for task in self.run.tasks:
+            if task.state in (TaskState.PENDING, TaskState.RUNNING):
+                task.state = TaskState.STOPPED
+        self.owner.save()
 
     def mark_phase(self, name: str) -> None:
         self.run.phases.setdefault(name, time.time())
-
-    def save(self, force: bool = False) -> None:
-        if force or time.time() - self.saved_at >= SAVE_EVERY_S:
-            runstate.save(self.run)
-            self.saved_at = time.time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -65,12 +66,13 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once every task runs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
 ):
     """Check SPEC, start every task, stream their output, stop all on the first failure."""
     from launcher import up as upmod
 
-    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, run_id=run_id)
+    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id)
 
 
 @app.command()
@@ -108,23 +110,50 @@ def down(run: Optional[str] = RunArg):
 
 
 def main() -> None:
+    from launcher import interrupts
+
+    interrupts.install()  # Ctrl-C, TERM, HUP: exit 130 from any command, at any moment
     try:
-        app(standalone_mode=False)
+        returned = app(standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt it caught
+        code = returned if isinstance(returned, int) else 0
+        if code == 130:
+            _error(f"{interrupts.reason()}; nothing is left running")
     except MgpuError as exc:
-        from launcher.output import Output
-
-        Output().error(str(exc))
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
+        _error(str(exc))
     except KeyboardInterrupt:
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click's usage errors
-        import click
+        code = 130
+        _error(f"{interrupts.reason()}; nothing is left running")
+    except Exception as exc:  # click's (or typer's own copy of click's) usage errors and aborts
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if "ClickException" in names:
+            code = 2
+            try:
+                exc.show()
+            except OSError:
+                pass
+        elif "Abort" in names:
+            code = 130
+            _error(f"{interrupts.reason()}; nothing is left running")
+        elif "Exit" in names:
+            code = getattr(exc, "exit_code", 0)
+        else:
+            raise
+    if interrupts.pending():  # a signal that came while the teardown was shielded
+        code = 130
+    _exit(code)
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        raise
+
+def _error(message: str) -> None:
+    from launcher.output import Output
+
+    Output(threaded=False).error(message)
+
+
+def _exit(code: int) -> None:
+    """Exit with `code`, also when stdout was closed under us (`up | head`)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(code)

@@ -31,3 +31,15 @@ class RunFailed(MgpuError):
 
 class Interrupted(MgpuError):
     exit_code = 130
+
+
+class RunCorrupt(MgpuError):
+    """A run's record cannot be read (corrupt, or from another version)."""
+
+    exit_code = 2
+
+
+class HomeError(MgpuError):
+    """MGPU_HOME cannot be written."""
+
+    exit_code = 2

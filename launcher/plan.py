@@ -32,8 +32,8 @@ class TaskPlan:
     def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
-        return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir,
-                "--attempt", str(attempt), "--grace", f"{self.grace:g}", *extra, "--", *self.argv]
+        return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir, "--attempt", str(attempt),
+                "--port", str(self.host.port), "--grace", f"{self.grace:g}", "--env-stdin", *extra, "--", *self.argv]
 
 
 def mgpu_home() -> Path:

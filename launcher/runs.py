@@ -1,4 +1,8 @@
-"""`status`, `logs` and `down`: recorded runs, read from disk and from their hosts."""
+"""`status`, `logs` and `down`: recorded runs, read from their record and, when needed, their hosts.
+
+While a run's launcher lives (it holds the run's lock) its record is fresh and is trusted. When
+the launcher is gone before recording an end, the hosts are asked, and what they say is recorded.
+"""
 
 from __future__ import annotations
 
@@ -7,209 +11,216 @@ import os
 import signal
 import time
 
-import psutil
-from rich.table import Table
-
-from launcher import state as runstate
+from launcher import record
+from launcher.engines import Engine, engine_for
 from launcher.errors import RunFailed, RunNotFound
 from launcher.output import Output
 from launcher.plan import plan_tasks
 from launcher.spec import load_spec
-from launcher.transport import parallel, transports_for
+from launcher.transport import parallel
+from launcher.tables import status_plain, status_table
+from worker import procs
+from worker.protocol import EXIT_PREEMPTED, RunState, TaskState
 
-ENDED = ("succeeded", "failed", "stopped")
-
-
-def _context(run_id: str | None):
-    run = runstate.load(run_id)
-    spec = load_spec(runstate.run_path(run.run_id) / "spec.toml")
-    return run, spec, plan_tasks(spec, run.run_id)
+DOWN_WAIT_S = 60.0
 
 
-def _close(transports) -> None:
-    for t in set(transports):
-        t.close()
+def _engine(run: record.RunRecord) -> Engine:
+    spec = load_spec(record.run_path(run.run_id) / "spec.toml")
+    return engine_for(spec, plan_tasks(spec, run.run_id))
 
 
-def agent_alive(run: runstate.RunState) -> bool:
-    if not run.agent_pid:
-        return False
+def _task_state(row: dict) -> TaskState:
+    if row.get("alive"):
+        return TaskState.RUNNING
+    code = row.get("exit_code")
+    if code is None:
+        return TaskState.LOST
+    return {0: TaskState.SUCCEEDED, EXIT_PREEMPTED: TaskState.PREEMPTED}.get(code, TaskState.FAILED)
+
+
+def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.RunRecord, list | None]:
+    """A run whose launcher is gone without recording the end: ask the hosts, and record what they
+    say (as the run's writer, under its lock). Returns the record and the per-task probe results."""
+    owner = record.Owner.take(run.run_id, timeout=0)
+    if owner is None:  # someone (a `down`) is acting on it now: their record is the truth
+        return record.load(run.run_id), None
     try:
-        proc = psutil.Process(run.agent_pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= run.created_at + 1
-    except psutil.Error:
-        return False
+        run = owner.record
+        if run.ended:
+            return run, probes
+        engine = _engine(run)
+        try:
+            probes = engine.probe(list(range(len(run.tasks))))
+        finally:
+            engine.close()
+        alive = False
+        for task, res in zip(run.tasks, probes):
+            if not res.ok:
+                task.state = TaskState.LOST
+                continue
+            task.state = _task_state(res.value)
+            task.exit_code = res.value.get("exit_code")
+            alive |= task.state == TaskState.RUNNING
+        if not alive:
+            run.state = (RunState.SUCCEEDED if all(t.state == TaskState.SUCCEEDED for t in run.tasks)
+                         else RunState.LOST)
+            if run.state == RunState.LOST:
+                run.failure = (f"the launcher of this run (pid {run.agent_pid}) ended without recording how the run "
+                               "ended (killed, or its machine went down); its tasks were stopped by their supervisors. "
+                               "The task states above are what their hosts say now.")
+            run.ended_at = time.time()
+            owner.save()
+        return run, probes
+    finally:
+        owner.release()
 
 
-def _probe_all(plans, transports) -> list[dict]:
-    by_transport: dict = {}
-    for plan, t in zip(plans, transports):
-        by_transport.setdefault(t, []).append(plan)
-    groups = list(by_transport.items())
-    results = parallel(lambda g: g[0].probe(g[1]), groups)
-    found: dict[int, dict] = {}
-    for (t, group), res in zip(groups, results):
-        for plan, row in zip(group, res if isinstance(res, list) else [None] * len(group)):
-            found[plan.index] = row if row else {"error": str(res)}
-    return [found[p.index] for p in plans]
-
-
-def _recorded(run: runstate.RunState) -> list[dict]:
-    """What the agent recorded in state.json, shaped like probe rows (its supervisors relay it all)."""
-    return [{"pid": t.pid, "exit_code": t.exit_code, "progress": t.progress, "cpu_percent": t.cpu_percent,
-             "rss": t.rss, "alive": t.state == "running"} for t in run.tasks]
-
-
-def snapshot(run: runstate.RunState, probes: list[dict] | None = None) -> dict:
-    """The run as `status --json` shows it: state.json, merged with what each host says when probed."""
-    live = run.state not in ENDED
-    agent = agent_alive(run)
+def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
+    """The run as `status --json` shows it: its record, merged with what each host says when probed."""
     now = time.time()
     tasks = []
-    for t, probe in zip(run.tasks, probes or _recorded(run)):
-        state = t.state
-        progress = probe.get("progress") or t.progress or {}
-        if live and probes is not None:
-            if probe.get("alive"):
-                state = "running" if agent else "lost"
-            elif probe.get("exit_code") is not None:
-                state = "succeeded" if probe["exit_code"] == 0 else "failed"
-            elif "error" in probe or (not agent and state in ("pending", "running")):
-                state = "lost"
-        elif live and not agent and state in ("pending", "running"):
-            state = "lost"
-        code = probe.get("exit_code")
+    for i, t in enumerate(run.tasks):
+        res = probes[i] if probes else None
+        row = res.value if res is not None and res.ok else {}
+        progress = row.get("progress") or t.progress or {}
+        state = _task_state(row) if row and not run.ended else t.state
+        code = row.get("exit_code")
         tasks.append({
-            "index": t.index, "host": t.host, "port": t.port, "pid": probe.get("pid") or t.pid,
-            "state": state, "exit_code": t.exit_code if code is None else code,
+            "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
+            "state": str(state), "exit_code": t.exit_code if code is None else code,
             "restarts": t.restarts, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
             "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
             "heartbeat_age": round(now - progress["time"], 1) if progress.get("time") else None,
-            "cpu_percent": probe.get("cpu_percent"), "rss": probe.get("rss"), "gpu_util": probe.get("gpu_util"),
-            "run_dir": t.run_dir, "error": probe.get("error"),
+            "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
+            "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
+            "error": str(res.error) if res is not None and not res.ok else None,
         })
-    state = "lost" if live and not agent else run.state
-    return {"run_id": run.run_id, "state": state, "attempt": run.attempt, "failure": run.failure,
-            "agent_pid": run.agent_pid, "detached": run.detached, "tasks": tasks}
-
-
-def _table(snap: dict) -> Table:
-    table = Table(title=f"run {snap['run_id']}: {snap['state']}")
-    for col in ("task", "host", "pid", "state", "epoch", "step", "loss", "samples/s", "heartbeat", "cpu%", "rss MB"):
-        table.add_column(col)
-    fmt = lambda v, f="{}": "" if v is None else f.format(v)  # noqa: E731
-    for t in snap["tasks"]:
-        epoch = f"{t['epoch']}/{t['epochs']}" if t["epoch"] is not None else ""
-        table.add_row(str(t["index"]), f"{t['host']}:{t['port']}", fmt(t["pid"]), t["state"], epoch, fmt(t["step"]),
-                      fmt(t["loss"], "{:.4f}"), fmt(t["samples_per_sec"], "{:.0f}"), fmt(t["heartbeat_age"], "{} s ago"),
-                      fmt(t["cpu_percent"]), fmt(t["rss"] and t["rss"] // 2**20))
-    return table
+    alive = record.launcher_alive(run)
+    state = run.state if run.ended or alive else RunState.LOST
+    return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "failure": run.failure,
+            "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
+            "attempts": [{"number": a.number, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
+                          "ended_at": a.ended_at} for a in run.attempts],
+            "tasks": tasks}
 
 
 def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
-    """A live agent keeps state.json fresh (progress, CPU, RSS relayed by the supervisors), so the
-    hosts are asked directly only with `probe`, or when the agent is gone and the run not ended."""
-    run, spec, plans = _context(run_id)
-    out = Output()
-    transports = []
-    try:
-        while True:
-            probes = None
-            if probe or (run.state not in ENDED and not agent_alive(run)):
-                transports = transports or transports_for(spec, plans)
-                probes = _probe_all(plans, transports)
-            snap = snapshot(run, probes)
-            if as_json:
-                print(json.dumps(snap), flush=True)
-            else:
-                out.console.print(_table(snap))
-                if snap["failure"]:
-                    out.console.print(snap["failure"], markup=False)
-            if not watch or snap["state"] in ENDED + ("lost",):
-                return
-            time.sleep(2.0)
-            run = runstate.load(run.run_id)
-    finally:
-        _close(transports)
+    out = Output(threaded=False)
+    run = record.load(run_id)
+    while True:
+        probes = None
+        if not run.ended and not record.launcher_alive(run):
+            run, probes = settle(run)
+        elif probe:
+            engine = _engine(run)
+            try:
+                probes = engine.probe(list(range(len(run.tasks))))
+            finally:
+                engine.close()
+        snap = snapshot(run, probes)
+        if as_json:
+            print(json.dumps(snap), flush=True)
+        elif out.console.is_terminal:
+            if watch:
+                out.console.clear()
+            out.show(status_table(snap, out.console.width))
+            for a in snap["attempts"][:-1]:
+                if a["reason"]:
+                    out.console.print(f"attempt {a['number']} {a['outcome']}: {a['reason']}", markup=False)
+            if snap["failure"]:
+                out.console.print(snap["failure"], markup=False)
+        else:
+            print(status_plain(snap))
+            for a in snap["attempts"][:-1]:
+                if a["reason"]:
+                    print(f"attempt {a['number']} {a['outcome']}: {a['reason']}")
+            if snap["failure"]:
+                print(snap["failure"])
+        if not watch or snap["state"] in ("succeeded", "failed", "stopped", "lost"):
+            return
+        time.sleep(2.0)
+        run = record.load(run.run_id)
 
 
 def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail: int | None = None) -> None:
-    run, spec, plans = _context(run_id)
-    transports = transports_for(spec, plans)
-    chosen = [p for p in plans if task is None or p.index == task]
+    run = record.load(run_id)
+    chosen = [t.index for t in run.tasks if task is None or t.index == task]
     if not chosen:
-        raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(plans) - 1}")
-    out = Output()
-    offsets = {p.index: 0 for p in chosen}
-    first = True
+        raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(run.tasks) - 1}")
+    engine = _engine(run)
+    out = Output(threaded=False)
+    offsets = {i: 0 for i in chosen}
+    first, last_round = True, False
     try:
         while True:
-            def fetch(p, first=first):  # every host at once; each one's outcome kept
-                path = f"{p.run_dir}/worker.log"
-                if first and tail is not None:
-                    argv = ["tail", "-n", str(tail), path]
-                else:
-                    argv = ["tail", "-c", f"+{offsets[p.index] + 1}", path]
-                code, text, _err = transports[p.index].call(p, argv, 30)
-                size = None
-                if code == 0 and text and first and tail is not None:
-                    size = transports[p.index].call(p, ["stat", "-c", "%s", path], 30)[1]
-                return code, text, size
-
+            results = parallel(lambda i, n=tail if first else None: engine.read_log(i, offsets[i], n), chosen)
             failed = []
-            for p, res in zip(chosen, parallel(fetch, chosen)):
-                if isinstance(res, Exception):
-                    failed.append(res)
+            for i, res in zip(chosen, results):
+                if not res.ok:
+                    failed.append(res.error)
                     continue
-                code, text, size = res
-                if code == 0 and text:
-                    if size is not None:
-                        offsets[p.index] = int(size.strip() or 0)
-                    else:
-                        offsets[p.index] += len(text.encode())
-                    for line in text.splitlines():
-                        if len(chosen) > 1:
-                            out.task_line(p, line)
-                        else:
-                            print(line)
+                text, offsets[i] = res.value
+                lines = text.splitlines()
+                if len(chosen) > 1:
+                    out.task_lines(engine.plans[i], lines)
+                else:
+                    for line in lines:
+                        print(line)
             if failed:
                 raise failed[0] if len(failed) == 1 else RunFailed(
                     "cannot read the logs of some tasks:\n  " + "\n  ".join(map(str, failed)))
             first = False
-            if not follow or runstate.load(run.run_id).state in ENDED and not agent_alive(run):
+            if not follow or last_round:
                 return
-            time.sleep(0.5)
+            run = record.load(run.run_id)
+            # the run ended, or its launcher is gone: one more read for the last lines, then stop
+            last_round = run.ended or not record.launcher_alive(run)
+            time.sleep(0.2 if last_round else 0.5)
     finally:
-        _close(transports)
+        engine.close()
+
+
+def _ask_launcher(run: record.RunRecord, out: Output) -> None:
+    """Ask the run's live launcher to stop every task, and wait until it has (it records the end)."""
+    proc = procs.same(run.agent_pid, run.agent_create_time)
+    if proc is None:
+        return
+    (record.run_path(run.run_id) / "down.request").write_text(f"{os.getpid()}\n")
+    out.say(f"asking the launcher of run {run.run_id} (pid {proc.pid}) to stop every task")
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + DOWN_WAIT_S
+    while record.launcher_alive(run) and time.time() < deadline:
+        time.sleep(0.1)
 
 
 def down(run_id: str | None) -> None:
-    run, spec, plans = _context(run_id)
-    transports = transports_for(spec, plans)
-    out = Output()
+    run = record.load(run_id)
+    out = Output(threaded=False)
+    if record.launcher_alive(run):
+        _ask_launcher(run, out)
+    owner = record.Owner.take(run.run_id, timeout=DOWN_WAIT_S)
+    if owner is None:
+        raise RunFailed(f"run {run.run_id}: its launcher (pid {run.agent_pid}) still holds the run after "
+                        f"{DOWN_WAIT_S:.0f} s; try 'mgpu-cluster down {run.run_id}' again, or stop that process.")
     try:
-        if agent_alive(run) and run.agent_pid != os.getpid():
-            out.say(f"asking the launcher of run {run.run_id} (pid {run.agent_pid}) to stop every task")
-            os.kill(run.agent_pid, signal.SIGTERM)
-            deadline = time.time() + 30
-            while agent_alive(run) and time.time() < deadline:  # a zombie counts as gone
-                time.sleep(0.1)
-            if agent_alive(run):
-                out.say("the launcher did not stop within 30 s; stopping the tasks directly")
-        results = parallel(lambda pt: pt[1].stop_tasks([pt[0]]), list(zip(plans, transports)))
-        run = runstate.load(run.run_id)
-        problems = [f"{p.label}: {r}" for p, r in zip(plans, results) if isinstance(r, Exception)]
+        run = owner.record
+        engine = _engine(run)
+        try:  # make sure from the tasks' folders, also after the launcher's own teardown
+            results = engine.stop_from_folders(list(range(len(run.tasks))))
+        finally:
+            engine.close()
+        problems = [f"{engine.plans[i].label}: {r.error}" for i, r in enumerate(results) if not r.ok]
         for t in run.tasks:
-            if t.state in ("pending", "running"):
-                t.state = "stopped"
-        if run.state not in ENDED:
-            run.state, run.failure = "stopped", "stopped by 'mgpu-cluster down'"
-            run.ended_at = time.time()
-        runstate.save(run)
-        if problems:
-            raise RunFailed("some tasks could not be reached to stop them:\n  " + "\n  ".join(problems)
-                            + "\nCheck that their hosts are up, then run 'mgpu-cluster down' again.")
-        out.say(f"run {run.run_id}: every task is stopped")
+            if t.state in (TaskState.PENDING, TaskState.RUNNING):
+                t.state = TaskState.STOPPED
+        if not run.ended:
+            run.state, run.failure, run.ended_at = RunState.STOPPED, "stopped by 'mgpu-cluster down'", time.time()
+        owner.save()
     finally:
-        _close(transports)
+        owner.release()
+    if problems:
+        raise RunFailed("some tasks could not be reached to stop them:\n  " + "\n  ".join(problems)
+                        + "\nCheck that their hosts are up, then run 'mgpu-cluster down' again.")
+    out.say(f"run {run.run_id}: every task is stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import stat
 import re
 import sys
 from pathlib import Path
@@ -156,6 +157,13 @@ class ClusterSpec(_Model):
                     "two tasks cannot share one host and port"
                 )
             seen[key] = i
+        names: dict[str, int] = {}
+        for i, host in enumerate(self.hosts):
+            if host.name is not None:
+                if host.name in names:
+                    raise ValueError(f"hosts[{i}]: name {host.name!r} is already the name of hosts[{names[host.name]}]; "
+                                     "names tell tasks apart in output, status and logs, so each must be unique")
+                names[host.name] = i
         return self
 
     @property
@@ -205,6 +213,13 @@ def parse_spec(data: dict, source: str = "<spec>") -> ClusterSpec:
 
 def load_spec(path: str | Path) -> ClusterSpec:
     path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise SpecError(f"{path} is not a regular file (a FIFO, socket or device); give the path of a cluster.toml "
+                        "file.")
     try:
         text = path.read_bytes().decode("utf-8")
     except IsADirectoryError:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import posixpath
-import queue
 import secrets
 import shlex
 import socket
@@ -32,7 +31,8 @@ from fabric import Connection
 from launcher.errors import MgpuError
 from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
-from launcher.transport import Event, Handle, Transport, read_events
+from launcher.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
+from worker import protocol
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
 
@@ -331,24 +331,29 @@ class SSHTransport(Transport):
         return self.run(shell_command(argv, plan.cwd), timeout)
 
     # ---- tasks
-    def start(self, plan: TaskPlan, attempt: int, events: queue.Queue) -> Handle:
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
         argv = plan.supervisor_argv(attempt, lifeline=lifeline_s(self.launch))
-        channel = self._exec(shell_command(argv, plan.cwd, plan.env), self.launch.start_timeout, combine_stderr=True)
+        channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
+        try:
+            channel.sendall(env_line(plan))  # the environment travels on stdin, never on a command line
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the pump reports what became of it
         with self.channels_lock:
             self.channels.add(channel)
             if self.keepalive is None:
                 self.keepalive = threading.Thread(target=self._keepalive, daemon=True)
                 self.keepalive.start()
 
-        def pump() -> None:
-            exited = read_events(plan.index, _lines(channel), events)
+        def run() -> None:
+            exited = pump(plan.index, _lines(channel), sink)
             if not exited:
-                events.put(Event(plan.index, "lost", f"the SSH connection to {self.where} ended with no exit "
-                                 "report (the host went down, or its sshd or the task's processes were killed)"))
+                sink.event(plan.index, protocol.Lost(
+                    f"the SSH connection to {self.where} ended with no exit report (the host went down, or its "
+                    "sshd or the task's processes were killed)"))
             self.forget(channel)
             channel.close()
 
-        threading.Thread(target=pump, daemon=True).start()
+        threading.Thread(target=run, daemon=True).start()
         return SSHHandle(channel, self)
 
     def forget(self, channel: paramiko.Channel) -> None:
@@ -454,7 +459,7 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str]) -> None
 
 
 def _lines(channel: paramiko.Channel):
-    """Lines of a channel's output (stderr merged) until it closes."""
+    """Lines (bytes) of a channel's output (stderr merged) until it closes."""
     buf = b""
     while True:
         try:
@@ -463,9 +468,10 @@ def _lines(channel: paramiko.Channel):
             chunk = b""
         if not chunk:
             if buf:
-                yield buf.decode("utf-8", "replace")
+                yield buf
             return
         buf += chunk
         *complete, buf = buf.split(b"\n")
-        for line in complete:
-            yield line.decode("utf-8", "replace")
+        yield from complete
+        if len(buf) > MAX_RECORD:  # not one of our records: drop it rather than grow
+            buf = b""

@@ -1,56 +1,88 @@
-"""How tasks are started, watched and stopped on a host: one interface, local and SSH behind it.
+"""How the launcher reaches a host to start, watch and stop tasks: local processes here, SSH in ssh.py.
 
-A started task reports through `events`, a queue of Event(index, kind, data):
-  line      one line of the task's output (data: str)
-  started   the supervisor runs the program (data: {"pid", "supervisor_pid"})
-  progress  progress.json changed (data: the progress dict)
-  stats     the task's CPU% and RSS, every few seconds (data: {"cpu_percent", "rss"})
-  exit      the supervisor finished (data: {"code"}); a negative code is a signal
-  lost      the connection to the task's supervisor ended with no exit report (data: reason)
+A started task's supervisor speaks `worker.protocol` on its stdout; `pump` turns that stream into
+calls on a Sink (events, output lines, and lines that are not records, which are never fatal).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
+from worker import protocol
 
-MARK = "\x1emgpu "  # the supervisor's marker; kept equal to worker.supervisor.MARK
-
-
-@dataclass
-class Event:
-    index: int
-    kind: str
-    data: Any = None
+T = TypeVar("T")
+MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
+MAX_THREADS = 32
 
 
-def read_events(index: int, lines: Iterable[str], events: queue.Queue) -> bool:
-    """Turn a supervisor's output lines into events; True when its exit was reported."""
+@dataclass(frozen=True)
+class Result(Generic[T]):
+    """One host's (or task's) outcome: a value, or the error that stopped it."""
+
+    value: T | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def parallel(fn: Callable[[Any], T], items: list) -> list[Result[T]]:
+    """fn over items in threads (at most MAX_THREADS at once); every item's Result, in order:
+    one host's failure never hides another's."""
+    def one(item) -> Result[T]:
+        try:
+            return Result(value=fn(item))
+        except Exception as exc:
+            return Result(error=exc)
+
+    if len(items) <= 1:
+        return [one(i) for i in items]
+    pool = ThreadPoolExecutor(min(MAX_THREADS, len(items)))
+    try:
+        return list(pool.map(one, items))
+    finally:  # on Ctrl-C, return at once: the caller's close() ends what the threads wait on
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Sink(Protocol):
+    def event(self, index: int, event: protocol.Event) -> None: ...
+
+    def output(self, index: int, lines: list[str], dropped: int) -> None: ...
+
+    def garbage(self, index: int, text: str) -> None: ...
+
+
+def pump(index: int, lines: Iterable[bytes], sink: Sink) -> bool:
+    """Feed a supervisor's records to `sink`; True when it reported its exit."""
     exited = False
     for line in lines:
-        line = line.rstrip("\r\n")
-        if line.startswith(MARK):
-            try:
-                msg = json.loads(line[len(MARK):])
-            except ValueError:
-                continue
-            kind = msg.pop("event", "")
-            if kind == "progress":
-                events.put(Event(index, "progress", msg["progress"]))
-            elif kind in ("started", "exit", "stats"):
-                exited |= kind == "exit"
-                events.put(Event(index, kind, msg))
+        if not line.strip():
+            continue
+        try:
+            event = protocol.decode(line)
+        except protocol.BadRecord:
+            sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
+            continue
+        if isinstance(event, protocol.Output):
+            sink.output(index, event.lines, event.dropped)
         else:
-            events.put(Event(index, "line", line))
+            exited |= isinstance(event, protocol.Exit)
+            sink.event(index, event)
     return exited
+
+
+def env_line(plan: TaskPlan) -> bytes:
+    """The task's environment for the supervisor's --env-stdin: never on a command line."""
+    return (json.dumps(plan.env) + "\n").encode()
 
 
 class Handle:
@@ -61,7 +93,7 @@ class Handle:
 
 
 class Transport:
-    def start(self, plan: TaskPlan, attempt: int, events: queue.Queue) -> Handle:
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
         raise NotImplementedError
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
@@ -93,41 +125,68 @@ class LocalHandle(Handle):
         self.proc = proc
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        try:
+            self.proc.stdin.close()  # EOF: the supervisor stops its task and reports the exit
+        except (OSError, ValueError):
+            pass
+
+
+def _lines(stream) -> Iterable[bytes]:
+    while True:
+        line = stream.readline(MAX_RECORD)
+        if not line:
+            return
+        yield line
 
 
 class LocalTransport(Transport):
     """Tasks on localhost: the supervisor is our child; its stdin pipe is its lifeline."""
 
+    def __init__(self):
+        self.calls: set[subprocess.Popen] = set()  # short commands running now: close() ends them
+
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         try:
-            done = subprocess.run(argv, cwd=plan.cwd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.Popen(argv, cwd=plan.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)  # Ctrl-C reaches us, and we stop it
         except FileNotFoundError as exc:
             if plan.cwd and exc.filename == plan.cwd:
                 return 1, "", f"cd: {plan.cwd}: No such file or directory"
             return 127, "", f"{argv[0]}: not found"
         except PermissionError:
             return 126, "", f"{argv[0]}: permission denied"
-        return done.returncode, done.stdout, done.stderr
+        self.calls.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            self.calls.discard(proc)
+        return proc.returncode, out, err
 
-    def start(self, plan: TaskPlan, attempt: int, events: queue.Queue) -> Handle:
+    def close(self) -> None:
+        for proc in list(self.calls):
+            _kill_group(proc)
+
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
         proc = subprocess.Popen(
-            plan.supervisor_argv(attempt), cwd=plan.cwd, env={**os.environ, **plan.env},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, text=True, errors="replace", bufsize=1,
+            plan.supervisor_argv(attempt), cwd=plan.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )
+        try:
+            proc.stdin.write(env_line(plan))
+            proc.stdin.flush()
+        except OSError:
+            pass  # it died at once: its output and exit code tell why
 
-        def pump() -> None:
-            exited = read_events(plan.index, proc.stdout, events)
+        def run() -> None:
+            exited = pump(plan.index, _lines(proc.stdout), sink)
             code = proc.wait()
             if not exited:
-                events.put(Event(plan.index, "lost", f"its supervisor ended with code {code} and no report"))
+                sink.event(plan.index, protocol.Lost(f"its supervisor ended with code {code} and no exit report"))
 
-        threading.Thread(target=pump, daemon=True).start()
+        threading.Thread(target=run, daemon=True).start()
         return LocalHandle(proc)
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
@@ -138,29 +197,19 @@ class LocalTransport(Transport):
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
         from worker.probe import stop
 
-        return parallel(lambda p: stop(_abs(p)), plans)
+        return [r.value if r.ok else {"error": str(r.error)} for r in parallel(lambda p: stop(_abs(p)), plans)]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the whole group (a shell and its sleep)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def _abs(plan: TaskPlan) -> str:
     return os.path.join(plan.cwd or os.getcwd(), plan.run_dir)
-
-
-def parallel(fn: Callable, items: list) -> list:
-    """fn over items in threads; each item's result or exception, in order."""
-    results: list = [None] * len(items)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = fn(items[i])
-        except Exception as exc:  # kept per item: one host's failure never hides another's
-            results[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:

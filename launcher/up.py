@@ -1,44 +1,24 @@
-"""`check` and `up`: spec -> plan -> preflight -> agent, with the run recorded on disk."""
+"""`check` and `up`: spec -> plan -> record -> port claims -> preflight -> agent."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from rich.markup import escape
-from rich.table import Table
-
-from launcher import state as runstate
+from launcher import interrupts, record
 from launcher.agent import Agent
-from launcher.errors import Interrupted, PreflightError, RunFailed, RunNotFound
+from launcher.engines import engine_for
+from launcher.errors import Interrupted, PreflightError, RunFailed
 from launcher.output import Output
 from launcher.plan import mask_env, plan_tasks
-from launcher.preflight import TaskCheck, preflight
 from launcher.spec import ClusterSpec, load_spec
-from launcher.transport import transports_for
-
-DETACH_WAIT_S = 300.0
-
-
-def checks_table(checks: list[TaskCheck]) -> Table:
-    table = Table(title="preflight")
-    for col in ("task", "host", "port", "python", "result"):
-        table.add_column(col)
-    for c in checks:
-        result = "[green]ok[/]" if c.ok else "[red]" + escape("\n".join(c.problems)) + "[/]"
-        table.add_row(str(c.plan.index), c.plan.host.label, str(c.plan.host.port), c.plan.python, result)
-    return table
+from launcher.tables import checks_table, summary
+from worker.protocol import RunState
 
 
-def run_preflight(spec: ClusterSpec, plans, transports, out: Output, base: Path | None = None) -> None:
-    checks = preflight(spec, plans, transports, base=base, say=out.say)
-    out.console.print(checks_table(checks))
+def refuse(checks) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
         lines = "\n".join(f"  {c.plan.label}: {'; '.join(c.problems)}" for c in bad)
@@ -49,12 +29,14 @@ def run_preflight(spec: ClusterSpec, plans, transports, out: Output, base: Path 
 def check(spec_path: Path) -> None:
     spec = load_spec(spec_path)
     plans = plan_tasks(spec, "check")
-    transports = transports_for(spec, plans)
+    engine = engine_for(spec, plans)
+    out = Output(threaded=False)
     try:
-        run_preflight(spec, plans, transports, Output(), base=Path(spec_path).parent)
+        checks = engine.preflight(Path(spec_path).parent, out.say)
+        out.show(checks_table(checks))
+        refuse(checks)
     finally:
-        for t in set(transports):
-            t.close()
+        engine.close()
 
 
 def print_dry_run(plans, out: Output) -> None:
@@ -68,114 +50,66 @@ def print_dry_run(plans, out: Output) -> None:
             out.console.print(f"  env {k}={v}", markup=False)
 
 
-def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool = False,
+def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool = False, verbose: bool = False,
        run_id: str | None = None) -> None:
     spec = load_spec(spec_path)
     background = run_id is not None  # started by `up --detach`
-    run_id = run_id or runstate.new_run_id()
+    run_id = run_id or record.new_run_id()
     plans = plan_tasks(spec, run_id)
     if dry_run:
-        return print_dry_run(plans, Output())
+        return print_dry_run(plans, Output(threaded=False))
     if detach:
-        return start_detached(spec_path, run_id, plans)
-    run_folder = runstate.run_path(run_id)
-    run_folder.mkdir(parents=True, exist_ok=True)
-    out = Output(quiet=quiet, log_path=run_folder / "launcher.log")
-    transports = transports_for(spec, plans)
-    run = runstate.RunState(
-        run_id=run_id, spec_path=str(Path(spec_path).resolve()), agent_pid=os.getpid(), detached=background,
-        tasks=[runstate.TaskState(index=p.index, host=p.host.label, address=p.host.address, port=p.host.port,
-                                  run_dir=p.run_dir) for p in plans],
-    )
-    shutil.copyfile(spec_path, run_folder / "spec.toml")
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, _raise_interrupt)
+        from launcher.detach import start_detached
+
+        return start_detached(spec_path, run_id, len(plans), verbose)
+    owner = record.Owner.create(run_id, spec_path, plans, detached=background)
+    run = owner.record
+    out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
+    engine = engine_for(spec, plans)
+    claims: list[record.Lock] = []
     t0 = time.time()
     try:
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
-        try:
-            run_preflight(spec, plans, transports, out, base=Path(spec_path).parent)
-        except PreflightError:
-            run.state, run.failure = "failed", "preflight refused"
-            runstate.save(run)
-            raise
+        claims = record.claim_ports(run_id, plans)
+        checks = engine.preflight(Path(spec_path).parent, out.say)
+        out.show(checks_table(checks))
+        refuse(checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)
-        out.say(f"starting {len(plans)} task(s); logs in {run_folder}")
-        Agent(spec, plans, transports, run, out).execute()
+        out.say(f"starting {len(plans)} task(s); logs in {record.run_path(run_id)}")
+        Agent(spec, plans, engine, owner, out).execute()
+        if interrupts.pending():
+            raise Interrupted(f"interrupted by {interrupts.pending()} while the run ended")
+        out.show(summary(run, out.console.width))
+        out.say(phases(run))
+        out.say(f"run {run_id} succeeded in {time.time() - t0:.1f} s")
+    except (PreflightError, KeyboardInterrupt) as exc:  # before any task started
+        with interrupts.shield():
+            if run.state == RunState.PREFLIGHT:
+                stopped = isinstance(exc, KeyboardInterrupt)
+                run.state = RunState.STOPPED if stopped else RunState.FAILED
+                run.failure = (f"{interrupts.reason()} during the preflight; nothing was started" if stopped
+                               else "preflight refused: " + str(exc))
+                run.ended_at = time.time()
+                owner.save()
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(run.failure) from None
+        raise
     except (RunFailed, Interrupted):
-        summary(run, out)
+        out.show(summary(run, out.console.width))
+        out.say(phases(run))
         raise
     finally:
-        for t in set(transports):
-            t.close()
-    summary(run, out)
-    out.say(f"run {run_id} succeeded in {time.time() - t0:.1f} s")
+        with interrupts.shield():
+            engine.close()
+            for claim in claims:
+                claim.release()
+            owner.release()
+            if not out.close(timeout=5.0):
+                out.logline("the terminal did not take the last lines within 5 s; they are in this log")
 
 
-def _raise_interrupt(signum, _frame):
-    raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
-
-
-def start_detached(spec_path: Path, run_id: str, plans) -> None:
-    """Run the same `up` in the background (own session); return once every task runs."""
-    folder = runstate.run_path(run_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "launcher", "up", str(spec_path), "--quiet", "--run-id", run_id]
-    with open(folder / "launcher.out", "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    out = Output()
-    deadline = time.time() + DETACH_WAIT_S
-    try:
-        while time.time() < deadline:
-            code = proc.poll()
-            try:
-                run = runstate.load(run_id)
-            except RunNotFound:  # not written yet
-                run = None
-            if run and run.state == "running":
-                out.say(f"run {run_id} is running detached ({len(plans)} task(s)); "
-                        f"'mgpu-cluster status {run_id}' to watch, 'mgpu-cluster down {run_id}' to stop")
-                return
-            if code is not None:
-                tail = (folder / "launcher.out").read_text(errors="replace")[-3000:]
-                err = RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}")
-                err.exit_code = code if code in (1, 2) else 1
-                raise err
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        _stop_background(proc)
-        raise Interrupted(f"interrupted: run {run_id} was stopped before it was running") from None
-    _stop_background(proc)
-    raise RunFailed(f"run {run_id} did not reach running within {DETACH_WAIT_S:.0f} s and was stopped; "
-                    f"'mgpu-cluster logs {run_id}' shows why")
-
-
-def _stop_background(proc: subprocess.Popen) -> None:
-    """Ask a background agent that never got its run going to stop its tasks, as `down` would."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def summary(run: runstate.RunState, out: Output) -> None:
-    table = Table(title=f"run {run.run_id}: {run.state}")
-    for col in ("task", "host", "state", "exit", "epochs", "metrics", "wall s"):
-        table.add_column(col)
-    for t in run.tasks:
-        p = t.progress or {}
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
-        wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
-        epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
-        table.add_row(str(t.index), f"{t.host}:{t.port}", t.state, "" if t.exit_code is None else str(t.exit_code),
-                      epochs, metrics, wall)
-    out.console.print(table)
-    ph = run.phases
-    parts = []
+def phases(run) -> str:
+    ph, parts = run.phases, []
     if "preflight_s" in ph:
         parts.append(f"preflight {ph['preflight_s']:.2f} s")
     if "all_started" in ph and "spawn_started" in ph:
@@ -184,5 +118,4 @@ def summary(run: runstate.RunState, out: Output) -> None:
         parts.append(f"to first step {ph['first_step'] - ph['spawn_started']:.2f} s")
     if "first_step" in ph and "end" in ph:
         parts.append(f"training {ph['end'] - ph['first_step']:.2f} s")
-    if parts:
-        out.say("phases: " + ", ".join(parts))
+    return "phases: " + (", ".join(parts) or "none recorded")

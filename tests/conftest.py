@@ -78,6 +78,24 @@ def latest_state(cli) -> dict | None:
         return None
 
 
+DIGITS = 'entrypoint = "worker.examples.digits:task"'
+
+
+def write_spec(tmp_path: Path, training: str = DIGITS, n: int = 2, launch: str = "", extra: str = "",
+               env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"', name: str = "cluster.toml") -> Path:
+    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\n' for _ in range(n))
+    text = (f'[defaults]\ngpus = "none"\nenv = {{ {env} }}\n{extra}'
+            f"{hosts}[training]\n{training}\n[launch]\n{launch}\n")
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def launcher_traceback(out: str) -> bool:
+    """A traceback of the launcher itself (workers' own lines carry a 'taskN host |' prefix)."""
+    return any(line.startswith("Traceback") for line in out.splitlines())
+
+
 class Cli:
     def __init__(self, home: Path, cwd: Path):
         self.home, self.cwd = home, cwd

@@ -10,27 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, free_port, latest_state, run_processes, wait_for, wait_gone
-
-DIGITS = 'entrypoint = "worker.examples.digits:task"'
-
-
-def write_spec(tmp_path: Path, training: str = DIGITS, n: int = 2, launch: str = "", extra: str = "",
-               env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"') -> Path:
-    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\n' for _ in range(n))
-    text = (f'[defaults]\ngpus = "none"\nenv = {{ {env} }}\n{extra}'
-            f"{hosts}[training]\n{training}\n[launch]\n{launch}\n")
-    path = tmp_path / "cluster.toml"
-    path.write_text(text)
-    return path
-
-
-def launcher_traceback(out: str) -> bool:
-    """A traceback of the launcher itself (workers' own lines carry a 'taskN host |' prefix)."""
-    return any(line.startswith("Traceback") for line in out.splitlines())
-
-
-
+from conftest import DIGITS, REPO, launcher_traceback, latest_state, run_processes, wait_for, wait_gone, write_spec
 
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from worker import procs
+
 
 def _read(path: Path) -> str | None:
     try:
@@ -24,12 +26,17 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _process(pid_text: str | None) -> psutil.Process | None:
+def task_info(d: Path) -> dict:
+    """task.json of a task folder (pids with their create times), {} when missing or unreadable."""
     try:
-        proc = psutil.Process(int(pid_text))
-        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
-    except (TypeError, ValueError, psutil.Error):
-        return None
+        info = json.loads((d / "task.json").read_text())
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _task_process(info: dict):
+    return procs.same(info.get("pid"), info.get("create_time"))
 
 
 def gpu_utilization() -> list[int] | None:
@@ -49,10 +56,11 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
     rows, procs = [], []
     for run_dir in run_dirs:
         d = Path(run_dir)
-        pid, code = _read(d / "pid"), _read(d / "exit_code")
-        proc = _process(pid)
-        row = {"dir": run_dir, "pid": int(pid) if pid else None, "alive": proc is not None,
-               "exit_code": int(code) if code else None, "progress": None, "cpu_percent": None, "rss": None}
+        info, code = task_info(d), _read(d / "exit_code")
+        proc = _task_process(info)
+        row = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
+               "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
+               "progress": None, "cpu_percent": None, "rss": None}
         try:
             row["progress"] = json.loads((d / "progress.json").read_text())
         except (OSError, ValueError):
@@ -73,6 +81,7 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
             continue
         try:
             row["cpu_percent"] = round(proc.cpu_percent(None), 1)
+            row["status"] = proc.status()
             row["rss"] = sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
         except psutil.Error:
             pass
@@ -84,21 +93,14 @@ def probe(run_dir: str) -> dict:
 
 
 def stop(run_dir: str, grace: float = 5.0) -> dict:
-    """Stop a task's supervisor and its training group: TERM, then KILL after `grace` seconds."""
-    d = Path(run_dir)
-    procs = [p for p in (_process(_read(d / "supervisor.pid")), _process(_read(d / "pid"))) if p]
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM) if proc.pid == os.getpgid(proc.pid) else proc.terminate()
-        except (psutil.Error, OSError):
-            pass
-    _gone, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL) if proc.pid == os.getpgid(proc.pid) else proc.kill()
-        except (psutil.Error, OSError):
-            pass
-    psutil.wait_procs(alive, timeout=2.0)
+    """Stop a task from its folder alone: its supervisor (INT: stop now), its training group, and
+    every process left with the task's run id in its environment; each pid checked by create time."""
+    info = task_info(Path(run_dir))
+    supervisor = procs.same(info.get("supervisor_pid"), info.get("supervisor_create_time"))
+    procs.stop([supervisor], grace, group=False, first=signal.SIGINT)
+    procs.stop([_task_process(info)], grace)
+    if info.get("run_id"):
+        procs.stop(procs.of_task(info["run_id"], info.get("index", "")), grace)
     return probe(run_dir)
 
 

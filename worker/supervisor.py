@@ -1,57 +1,76 @@
 """Runs one task's training process on its host and reports on it (no TensorFlow here).
 
-    python -m worker.supervisor --run-dir DIR [--attempt N] [--cpus 0,1] -- PROGRAM ARGS...
+    python -m worker.supervisor --run-dir DIR [--attempt N] [--port P] [--env-stdin] -- PROGRAM ARGS...
 
-The program runs in its own session; its output goes to DIR/worker.log and to our stdout.
-Lines starting with MARK are for the launcher: {"event": "started"|"progress"|"exit", ...}.
-The task is stopped (TERM to its group, KILL after a grace period) when we get TERM/INT/HUP,
-or when our stdin reaches EOF, i.e. the launcher or its SSH connection went away; with
---lifeline N also when nothing (the launcher's keepalive newlines) arrives on stdin for N
-seconds: a host cut off from the network never sees an EOF.
+Our stdout carries only `worker.protocol` records; the program's output goes to DIR/worker.log
+whole and reaches the launcher inside Output records (long lines cut, a flood thinned), so the
+training can neither forge an event nor slow one down. With --env-stdin the first line of stdin
+is a JSON object of the task's environment (kept off every command line).
+
+The task is stopped (TERM to its group, KILL after --grace; then every process that still
+carries the task's run id in its environment) when our stdin reaches EOF (the launcher stopped
+it, or went away) or on INT/HUP; TERM or USR1 is a notice (a host or scheduler taking the
+machine) and gets --preempt-grace. With --lifeline N, silence on stdin for N seconds also stops
+the task: a host cut off from the network never sees an EOF.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import errno
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-MARK = "\x1emgpu "
+from worker import procs, protocol
+
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
-STATS_EVERY_S = 2.0  # CPU% and RSS of the task, so that `status` needs no trip to the host
+STATS_EVERY_S = 2.0  # CPU%, RSS and state of the task, so that `status` needs no trip to the host
+FORWARD_EVERY_S = 0.1
+FORWARD_MAX_LINES = 400  # per FORWARD_EVERY_S; beyond that a flood is thinned (worker.log keeps all)
+PENDING_MAX_LINES = 2000
+LINE_MAX = 4096  # longer lines are cut on the way to the launcher
+TAIL_LINES = 20
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
+    """Atomic, readable by the owner only."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 
-def stop_group(proc: subprocess.Popen, grace: float = GRACE_S) -> None:
-    """TERM the process group, then KILL it if anything is left after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+def port_holder(port: int) -> str | None:
+    """Who listens on `port` here ('pid 12 (python3: python3 serve.py)'), or None when it is free."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no holder
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; sweep what it left in its group
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+            s.bind(("0.0.0.0", port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return None
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                p = psutil.Process(c.pid)
+                return f"pid {c.pid} ({p.name()}: {' '.join(p.cmdline())[:200]})"
+    except Exception:  # holder unknown (another user's process): the port is still taken
+        pass
+    return "another process"
 
 
 def _die_with_parent() -> None:
@@ -64,70 +83,166 @@ def _die_with_parent() -> None:
         pass
 
 
+class Lines:
+    """Splits raw output into lines for the launcher: cut at LINE_MAX, a bounded queue, a full tail."""
+
+    def __init__(self):
+        self.partial = b""
+        self.cutting = False  # inside a line that was already cut: skip to its end
+        self.pending: collections.deque[str] = collections.deque()
+        self.dropped = 0
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.lock = threading.Lock()
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.partial + chunk
+        *complete, self.partial = data.split(b"\n")
+        out = []
+        for raw in complete:
+            if self.cutting:
+                self.cutting = False
+                continue
+            out.append(raw.decode("utf-8", "replace").rstrip("\r"))
+        if len(self.partial) > LINE_MAX:
+            if not self.cutting:
+                out.append(self.partial[:LINE_MAX].decode("utf-8", "replace") + " [... line cut; whole in worker.log]")
+            self.cutting, self.partial = True, b""
+        self._add(out)
+
+    def close(self) -> None:
+        if self.partial and not self.cutting:
+            self._add([self.partial.decode("utf-8", "replace")])
+        self.partial = b""
+
+    def _add(self, lines: list[str]) -> None:
+        with self.lock:
+            self.tail.extend(lines)
+            room = max(0, PENDING_MAX_LINES - len(self.pending))
+            self.pending.extend(lines[:room])
+            self.dropped += max(0, len(lines) - room)
+
+    def take(self, limit: int) -> tuple[list[str], int]:
+        with self.lock:
+            lines = [self.pending.popleft() for _ in range(min(limit, len(self.pending)))]
+            if len(self.pending) > PENDING_MAX_LINES // 2:  # still flooding: thin it, keep the newest
+                self.dropped += len(self.pending) - PENDING_MAX_LINES // 2
+                while len(self.pending) > PENDING_MAX_LINES // 2:
+                    self.pending.popleft()
+            dropped, self.dropped = self.dropped, 0
+            return lines, dropped
+
+
 class Supervisor:
-    def __init__(self, run_dir: Path, attempt: int, argv: list[str], cpus: list[int] | None, grace: float = GRACE_S):
-        self.run_dir, self.attempt, self.argv, self.cpus, self.grace = run_dir, attempt, argv, cpus, grace
+    def __init__(self, run_dir: Path, attempt: int, argv: list[str], env: dict[str, str], cpus: list[int] | None,
+                 grace: float = GRACE_S, preempt_grace: float | None = None, port: int | None = None):
+        self.run_dir, self.attempt, self.argv, self.env, self.cpus = run_dir, attempt, argv, env, cpus
+        self.grace, self.preempt_grace, self.port = grace, preempt_grace if preempt_grace is not None else grace, port
         self.out_lock = threading.Lock()
         self.stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
+        self.lines = Lines()
         self.last_progress = ""
         self.ps = None  # psutil.Process of the task, for its stats
+        self.notes: list[str] = []
 
-    def emit(self, event: str, **data) -> None:
-        self.say(MARK + json.dumps({"event": event, **data}))
-
-    def say(self, line: str) -> None:
+    # ---- the channel to the launcher
+    def emit(self, event: protocol.Event) -> None:
         with self.out_lock:
+            data = memoryview(protocol.encode(event))
             try:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                pass  # the launcher went away; the log file still has everything
+                while data:  # a big record may be written in parts
+                    data = data[os.write(1, data):]
+            except OSError:
+                pass  # the launcher went away; worker.log still has everything
 
+    def note(self, text: str) -> None:
+        """A line of our own, shown with the task's output and kept in its log."""
+        line = f"[mgpu supervisor] {text}"
+        self.log_write((line + "\n").encode())
+        self.lines._add([line])
+
+    def log_write(self, data: bytes) -> None:
+        try:
+            self.log.write(data)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    # ---- the task
     def run(self) -> int:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("exit_code", "progress.json", "pid"):
+        for folder in (self.run_dir.parent, self.run_dir):  # the run's folder and the task's: owner only
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(folder, 0o700)
+        for stale in ("exit_code", "progress.json", "pid", "task.json"):
             (self.run_dir / stale).unlink(missing_ok=True)
-        env = dict(os.environ, MGPU_RUN_DIR=str(self.run_dir), PYTHONUNBUFFERED="1")
-        log = open(self.run_dir / "worker.log", "ab", buffering=0)
-        log.write(f"--- attempt {self.attempt}: {' '.join(self.argv)}\n".encode())
+        env = {**os.environ, **self.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        self.run_id, self.index = env.get(procs.ENV_RUN, ""), env.get(procs.ENV_TASK, "")
+        fd = os.open(self.run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.log = os.fdopen(fd, "ab", buffering=0)
+        self.log_write(f"--- attempt {self.attempt}: {' '.join(self.argv)}\n".encode())
+        holder = port_holder(self.port) if self.port else None
+        if holder:
+            reason = (f"port {self.port} was taken by {holder} after the preflight, so the task was not started; "
+                      "stop that process or choose another port, then run again")
+            self.note(reason)
+            return self.finish(protocol.EXIT_PORT_BUSY, reason)
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env, preexec_fn=_die_with_parent,
             )
         except OSError as exc:
-            msg = f"cannot start {self.argv[0]!r}: {exc.strerror}"
-            log.write((msg + "\n").encode())
-            self.say(msg)
-            return self.finish(127)
-        if self.stopping.is_set():  # a stop that came while we were starting
-            stop_group(self.proc, self.grace)
+            reason = f"cannot start {self.argv[0]!r}: {exc.strerror}"
+            self.note(reason)
+            return self.finish(127, reason)
+        pump = threading.Thread(target=self.pump, daemon=True)
+        pump.start()
         if self.cpus:
             try:
                 os.sched_setaffinity(self.proc.pid, self.cpus)
             except OSError as exc:
-                self.say(f"cannot pin to cpus {self.cpus}: {exc.strerror}")
-        write_atomic(self.run_dir / "pid", f"{self.proc.pid}\n")
-        write_atomic(self.run_dir / "supervisor.pid", f"{os.getpid()}\n")
-        self.emit("started", pid=self.proc.pid, supervisor_pid=os.getpid(), time=time.time())
-        threading.Thread(target=self.watch_progress, daemon=True).start()
-        pump = threading.Thread(target=self.pump, args=(log,), daemon=True)
-        pump.start()
+                self.note(f"cannot pin to cpus {self.cpus}: {exc.strerror}")
+        ident = procs.identity(self.proc.pid) or (self.proc.pid, time.time())
+        me = procs.identity(os.getpid())
+        write_private(self.run_dir / "pid", f"{self.proc.pid}\n")
+        write_private(self.run_dir / "task.json", json.dumps({
+            "pid": ident[0], "create_time": ident[1], "supervisor_pid": me[0], "supervisor_create_time": me[1],
+            "run_id": self.run_id, "index": self.index, "attempt": self.attempt}))
+        self.emit(protocol.Started(pid=ident[0], create_time=ident[1], supervisor_pid=os.getpid(), time=time.time()))
+        if self.stopping.is_set():  # a stop that came while we were starting
+            self.stop_task(self.grace)
+        threading.Thread(target=self.watch, daemon=True).start()
         code = self.proc.wait()
         pump.join(timeout=2.0)
         self.send_progress()  # the last word of a finished run
+        left = procs.of_task(self.run_id, self.index) if self.run_id else []
+        if left:  # the program exited but left processes behind (setsid, daemons): they go too
+            self.note(f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}")
+            procs.stop(left, self.grace)
         return self.finish(code)
 
-    def finish(self, code: int) -> int:
-        write_atomic(self.run_dir / "exit_code", f"{code}\n")
-        self.emit("exit", code=code, time=time.time())
+    def finish(self, code: int, reason: str = "") -> int:
+        self.forward()
+        write_private(self.run_dir / "exit_code", f"{code}\n")
+        self.emit(protocol.Exit(code=code, time=time.time(), tail=list(self.lines.tail), reason=reason))
         return 128 - code if code < 0 else code
 
-    def pump(self, log) -> None:
-        for raw in iter(self.proc.stdout.readline, b""):
-            log.write(raw)
-            self.say(raw.decode("utf-8", "replace").rstrip("\n"))
+    def pump(self) -> None:
+        fd = self.proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            self.log_write(chunk)
+            self.lines.feed(chunk)
+        self.lines.close()
+
+    def forward(self) -> None:
+        lines, dropped = self.lines.take(FORWARD_MAX_LINES)
+        if lines or dropped:
+            self.emit(protocol.Output(lines=lines, dropped=dropped))
 
     def send_progress(self) -> None:
         try:
@@ -135,41 +250,78 @@ class Supervisor:
             data = json.loads(text)
         except (OSError, ValueError):
             return
-        if text != self.last_progress:
+        if text != self.last_progress and isinstance(data, dict):
             self.last_progress = text
-            self.emit("progress", progress=data)
+            self.emit(protocol.Progress(progress=data))
 
-    def watch_progress(self) -> None:
-        stats_at = time.monotonic() - STATS_EVERY_S + 0.5  # the first figures half a second in
-        self.send_stats()
+    def watch(self) -> None:
+        """Forward output, progress and stats until the task ends."""
+        progress_at = stats_at = 0.0
         while self.proc.poll() is None:
-            self.send_progress()
-            if time.monotonic() - stats_at >= STATS_EVERY_S:
-                stats_at = time.monotonic()
+            self.forward()
+            now = time.monotonic()
+            if now - progress_at >= PROGRESS_POLL_S:
+                progress_at = now
+                self.send_progress()
+            if now - stats_at >= STATS_EVERY_S:
+                stats_at = now
                 self.send_stats()
-            time.sleep(PROGRESS_POLL_S)
+            time.sleep(FORWARD_EVERY_S)
 
     def send_stats(self) -> None:
         try:
             import psutil
 
-            proc = psutil.Process(self.proc.pid)
-            if self.ps is None or self.ps.pid != proc.pid:
-                self.ps = proc
-                proc.cpu_percent(None)  # the first call starts the measuring window
+            if self.ps is None:
+                self.ps = psutil.Process(self.proc.pid)
+                self.ps.cpu_percent(None)  # the first call starts the measuring window
                 return
             rss = sum(p.memory_info().rss for p in [self.ps, *self.ps.children(recursive=True)])
-            self.emit("stats", cpu_percent=round(self.ps.cpu_percent(None), 1), rss=rss)
+            self.emit(protocol.Stats(cpu_percent=round(self.ps.cpu_percent(None), 1), rss=rss, status=self.ps.status()))
         except Exception:  # psutil missing or the task just ended: stats are optional
             pass
 
-    def stop(self, reason: str) -> None:
+    # ---- stopping
+    def stop(self, reason: str, notice: bool = False) -> None:
         if self.stopping.is_set():
             return
         self.stopping.set()
-        self.say(f"stopping task ({reason})")
+        grace = self.preempt_grace if notice else self.grace
+        self.note(f"stopping task ({reason}; KILL after {grace:g} s)")
         if self.proc is not None:  # else run() stops it right after starting it
-            stop_group(self.proc, self.grace)
+            self.stop_task(grace)
+
+    def stop_task(self, grace: float) -> None:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # also what the leader left in its group
+        except ProcessLookupError:
+            pass
+        if self.run_id:
+            procs.stop(procs.of_task(self.run_id, self.index), 0)
+
+
+def read_env_line() -> tuple[dict[str, str], bytes]:
+    """The first line of stdin as the task's environment; the rest of what was read."""
+    buf = b""
+    while b"\n" not in buf:
+        data = os.read(0, 65536)
+        if not data:
+            break
+        buf += data
+    line, _, rest = buf.partition(b"\n")
+    env = json.loads(line) if line.strip() else {}
+    if not isinstance(env, dict):
+        raise ValueError("the environment line is not a JSON object")
+    return {str(k): str(v) for k, v in env.items()}, rest
 
 
 def watch_stdin(sup: Supervisor, lifeline: float | None) -> None:
@@ -185,7 +337,7 @@ def watch_stdin(sup: Supervisor, lifeline: float | None) -> None:
         except OSError:
             data = b""
         if not data:
-            return sup.stop("launcher went away")
+            return sup.stop("the launcher stopped it, or went away")
         last = time.monotonic()
 
 
@@ -195,20 +347,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path, help="the task's folder on this host")
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--cpus", default="", help="comma-separated cores to pin the task to")
+    parser.add_argument("--port", type=int, default=None, help="the task's TF port: refuse to start if taken")
     parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between TERM and KILL")
+    parser.add_argument("--preempt-grace", type=float, default=None,
+                        help="seconds between a notice (TERM/USR1 to us) and KILL (default: --grace)")
     parser.add_argument("--lifeline", type=float, default=None,
                         help="stop the task when stdin stays silent this many seconds")
+    parser.add_argument("--env-stdin", action="store_true", help="read the task's environment from stdin's first line")
     parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
+    env: dict[str, str] = {}
+    if args.env_stdin:
+        try:
+            env, _rest = read_env_line()
+        except (ValueError, OSError) as exc:
+            parser.error(f"--env-stdin: {exc}")
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
-    sup = Supervisor(args.run_dir.resolve(), args.attempt, program, cpus, args.grace)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: threading.Thread(
-            target=sup.stop, args=(signal.Signals(signum).name,), daemon=True).start())
+    sup = Supervisor(args.run_dir.resolve(), args.attempt, program, env, cpus, args.grace, args.preempt_grace,
+                     args.port)
+
+    def on_signal(signum, _frame):
+        notice = signum in (signal.SIGTERM, signal.SIGUSR1)
+        threading.Thread(target=sup.stop, args=(signal.Signals(signum).name, notice), daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     if not args.detach:
         threading.Thread(target=watch_stdin, args=(sup, args.lifeline), daemon=True).start()
     return sup.run()
@@ -216,5 +383,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
     os._exit(code)  # don't wait for the watcher threads

@@ -1,0 +1,58 @@
+"""The seam between what the agent decides and how an engine starts and stops tasks.
+
+An engine brings a run's tasks to life and reports on them through a Sink (worker.protocol
+events, output lines); the agent, the record, `status`, `logs` and `down` see nothing else.
+`supervised` (our supervisor per task: local processes and SSH hosts) is the first engine; a
+batch scheduler (Slurm) is the second kind, where the scheduler starts, signals and stops tasks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable
+
+from launcher.plan import TaskPlan
+from launcher.spec import ClusterSpec
+from launcher.transport import Result, Sink
+
+
+class Engine(ABC):
+    kind: str = ""
+    restarts_itself = False  # the scheduler restarts the group (the agent only follows)
+
+    def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
+        self.spec, self.plans = spec, plans
+
+    @abstractmethod
+    def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
+        """Check hosts and ports, start nothing; a list of preflight.TaskCheck."""
+
+    @abstractmethod
+    def start(self, attempt: int, sink: Sink) -> dict[int, str]:
+        """Start every task of `attempt`, reporting to `sink`; {index: why it could not start}."""
+
+    @abstractmethod
+    def stop(self, indices: list[int]) -> None:
+        """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink."""
+
+    @abstractmethod
+    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+        """Stop tasks with no live handle (`down`, a teardown past its deadline); per task."""
+
+    @abstractmethod
+    def probe(self, indices: list[int]) -> list[Result[dict]]:
+        """What each task's host says now: pid, alive, exit_code, progress, cpu_percent, rss."""
+
+    @abstractmethod
+    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
+        """worker.log of a task from byte `offset` (or its last `tail` lines): (text, next offset)."""
+
+    def close(self) -> None:
+        pass
+
+
+def engine_for(spec: ClusterSpec, plans: list[TaskPlan]) -> Engine:
+    from launcher.engines.supervised import SupervisedEngine
+
+    return SupervisedEngine(spec, plans)

@@ -1,0 +1,296 @@
+"""A run on the control machine: $MGPU_HOME/runs/<run-id>/ with spec.toml, state.json, launcher.log.
+
+One writer per run: whoever holds the run's lock (its launcher, or `down`/`status` once the
+launcher is gone). Files are readable by their owner only (the spec copy holds the spec's env).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from launcher.errors import HomeError, RunCorrupt, RunNotFound
+from launcher.plan import TaskPlan, mgpu_home
+from worker.protocol import RunState, TaskState
+
+VERSION = 2
+RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
+
+
+@dataclass
+class TaskRecord:
+    index: int
+    host: str
+    address: str
+    port: int
+    run_dir: str
+    state: TaskState = TaskState.PENDING
+    pid: int | None = None
+    create_time: float | None = None
+    supervisor_pid: int | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    heartbeat: float | None = None  # when its progress last changed (launcher's clock)
+    progress: dict | None = None
+    cpu_percent: float | None = None  # relayed by the task's supervisor
+    rss: int | None = None
+    proc_status: str | None = None
+
+
+@dataclass
+class Attempt:
+    number: int
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None  # succeeded, failed, preempted, stopped
+    reason: str | None = None  # the failure that ended it
+    tasks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    spec_path: str
+    engine: str = "supervised"
+    state: RunState = RunState.PREFLIGHT
+    attempt: int = 0
+    agent_pid: int | None = None
+    agent_create_time: float | None = None
+    detached: bool = False
+    created_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    failure: str | None = None
+    phases: dict = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    tasks: list[TaskRecord] = field(default_factory=list)
+    version: int = VERSION
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunRecord":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if data.get("version") != VERSION:
+            raise OldVersion(f"record version {data.get('version', 1)}, this mgpu-cluster reads version {VERSION}")
+        data["state"] = RunState(data["state"])
+        data["tasks"] = [TaskRecord(**{**t, "state": TaskState(t["state"])}) for t in data.get("tasks", [])]
+        data["attempts"] = [Attempt(**a) for a in data.get("attempts", [])]
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class OldVersion(ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------- where runs live
+
+def runs_dir(create: bool = False) -> Path:
+    path = mgpu_home() / "runs"
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            probe = path / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise HomeError(
+                f"cannot write run records to {path}: {exc.strerror or exc}. mgpu-cluster keeps its runs under "
+                "$MGPU_HOME (default ~/.local/state/mgpu-cluster); set MGPU_HOME to a folder you can write "
+                f"(e.g. 'export MGPU_HOME=$HOME/.mgpu'), or fix the permissions of {path}.") from None
+    return path
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def run_path(run_id: str) -> Path:
+    return runs_dir() / run_id
+
+
+def latest_id() -> str:
+    ids = sorted(p.name for p in runs_dir().glob("*") if RUN_ID.match(p.name) and (p / "state.json").exists())
+    if not ids:
+        raise RunNotFound(f"No runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'.")
+    return ids[-1]  # run ids start with their start time
+
+
+def load(run_id: str | None = None) -> RunRecord:
+    """The run `run_id` (the latest when None); RunCorrupt names the file when it cannot be read."""
+    run_id = run_id or latest_id()
+    path = run_path(run_id) / "state.json"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RunNotFound(f"Run {run_id!r} not found under {runs_dir()}; 'mgpu-cluster status' shows the "
+                          "latest run.") from None
+    except OSError as exc:
+        raise RunCorrupt(f"run {run_id}: cannot read {path}: {exc.strerror}.") from None
+    try:
+        return RunRecord.from_json(text)
+    except OldVersion as exc:
+        raise RunCorrupt(f"run {run_id}: {path} was written by another version of mgpu-cluster ({exc}). Its "
+                         f"tasks' files are still on their hosts; remove {path.parent} when you no longer need "
+                         "it. Other runs are not affected.") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunCorrupt(f"run {run_id}: {path} is corrupt ({type(exc).__name__}: {str(exc)[:120]}), so its state "
+                         f"is unknown. If its tasks may still run, stop them on their hosts (their folders are "
+                         f"under .mgpu/runs/{run_id}/); remove {path.parent} when done. Other runs are not "
+                         "affected.") from None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Atomic (temp file + rename), mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- the one writer
+
+class Lock:
+    """An flock on a file; held until released or until the holder dies (kill -9 included)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self, timeout: float = 0.0) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = fd
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def held_elsewhere(self) -> bool:
+        if self.fd is not None:
+            return False
+        if not self.path.exists():
+            return False
+        if self.acquire():
+            self.release()
+            return False
+        return True
+
+
+def run_lock(run_id: str) -> Lock:
+    return Lock(run_path(run_id) / "run.lock")
+
+
+class Owner:
+    """The writer of one run's record: holds its lock and saves it (at most every `every` s)."""
+
+    def __init__(self, record: RunRecord, lock: Lock):
+        self.record, self.lock = record, lock
+        self.saved_at = 0.0
+
+    @classmethod
+    def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool) -> "Owner":
+        """A new run, recorded (state preflight) before anything else happens."""
+        folder = runs_dir(create=True) / run_id
+        folder.mkdir(mode=0o700)
+        lock = Lock(folder / "run.lock")
+        lock.acquire()
+        copy = folder / "spec.toml"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(spec_path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        import psutil
+
+        record = RunRecord(
+            run_id=run_id, spec_path=str(Path(spec_path).resolve()), agent_pid=os.getpid(),
+            agent_create_time=psutil.Process().create_time(), detached=detached,
+            tasks=[TaskRecord(index=p.index, host=p.host.label, address=p.host.address, port=p.host.port,
+                              run_dir=p.run_dir) for p in plans])
+        owner = cls(record, lock)
+        owner.save()
+        return owner
+
+    @classmethod
+    def take(cls, run_id: str, timeout: float) -> "Owner | None":
+        """Become the writer of an existing run (its launcher is gone); None if it stays held."""
+        lock = run_lock(run_id)
+        if not lock.acquire(timeout):
+            return None
+        try:
+            return cls(load(run_id), lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    def save(self, every: float = 0.0) -> None:
+        if every and time.time() - self.saved_at < every:
+            return
+        write_private(run_path(self.record.run_id) / "state.json", self.record.to_json())
+        self.saved_at = time.time()
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def launcher_alive(record: RunRecord) -> bool:
+    """The run's launcher (or a `down` acting for it) still holds the run."""
+    return run_lock(record.run_id).held_elsewhere()
+
+
+# --------------------------------------------------------------------------- ports
+
+def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
+    """Hold host:port of every task for this run (released when the launcher ends, even by kill -9):
+    a second `up` on the same port is refused, naming the run that holds it, before anything starts."""
+    from launcher.errors import PreflightError
+
+    folder = mgpu_home() / "ports"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    held, problems = [], []
+    for plan in plans:
+        host = "localhost" if plan.host.is_local else plan.host.address.lower()
+        lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
+        if lock.acquire():
+            os.ftruncate(lock.fd, 0)
+            os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
+            held.append(lock)
+            continue
+        try:
+            holder, pid = lock.path.read_text().split()
+        except (OSError, ValueError):
+            holder, pid = "another run", "?"
+        problems.append(f"{plan.label}: port {plan.host.port} on {plan.host.label} is held by run {holder} "
+                        f"(launcher pid {pid}); stop it with 'mgpu-cluster down {holder}', or choose another port")
+    if problems:
+        for lock in held:
+            lock.release()
+        raise PreflightError("preflight refused the cluster, nothing was started:\n  " + "\n  ".join(problems))
+    return held

@@ -1,0 +1,93 @@
+"""The tables a person reads: preflight checks, the end-of-run summary, `status`.
+
+On a terminal they fit its width (80 columns included) by dropping the least useful columns;
+states, pids and task names are never cut. Not on a terminal, `status` prints plain columns.
+"""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from launcher.record import RunRecord
+
+
+def checks_table(checks) -> Table:
+    table = Table(title="preflight")
+    for col in ("task", "host", "port", "python", "result"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        result = "[green]ok[/]" if c.ok else "[red]" + escape("\n".join(c.problems)) + "[/]"
+        table.add_row(str(c.plan.index), c.plan.host.label, str(c.plan.host.port), c.plan.python, result)
+    return table
+
+
+def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
+    """A table of the columns (name, priority: lower is kept longer, min width) that fit `width`."""
+    keep = sorted(range(len(columns)), key=lambda i: columns[i][1])
+    widths = [max([len(columns[i][0])] + [len(r[i]) for r in rows]) for i in range(len(columns))]
+    chosen: list[int] = []
+    used = 4
+    for i in keep:
+        need = max(columns[i][2], widths[i]) + 3
+        if used + need <= width or not chosen:
+            chosen.append(i)
+            used += need
+    chosen.sort()
+    table = Table(title=title, title_justify="left")
+    for i in chosen:
+        table.add_column(columns[i][0], no_wrap=columns[i][1] <= 1, overflow="fold")
+    for r in rows:
+        table.add_row(*(r[i] for i in chosen))
+    return table
+
+
+def _num(v, f="{}"):
+    return "" if v is None else f.format(v)
+
+
+def summary(run: RunRecord, width: int = 80) -> Table:
+    cols = [("task", 0, 4), ("host", 1, 8), ("state", 0, 9), ("exit", 1, 4), ("epochs", 2, 6),
+            ("metrics", 3, 20), ("wall s", 2, 6)]
+    rows = []
+    for t in run.tasks:
+        p = t.progress or {}
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
+        wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
+        epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
+        rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
+    table = fit(cols, rows, width, f"run {run.run_id}: {run.state}")
+    if not any(c.header == "metrics" for c in table.columns):  # no room beside the rest: below it
+        table.caption = "\n".join(f"task {r[0]}: {r[5]}" for r in rows if r[5]) or None
+        table.caption_justify = "left"
+    return table
+
+
+STATUS_COLUMNS = [("task", 0, 4), ("host", 1, 8), ("pid", 0, 5), ("state", 0, 9), ("epoch", 2, 5),
+                  ("step", 3, 5), ("loss", 2, 6), ("heartbeat", 3, 9), ("samples/s", 4, 9), ("cpu%", 5, 4),
+                  ("rss MB", 5, 6)]
+
+
+def status_rows(snap: dict) -> list[list[str]]:
+    rows = []
+    for t in snap["tasks"]:
+        epoch = f"{t['epoch']}/{t['epochs']}" if t["epoch"] is not None else ""
+        rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"], epoch, _num(t["step"]),
+                     _num(t["loss"], "{:.4f}"), _num(t["heartbeat_age"], "{} s ago"),
+                     _num(t["samples_per_sec"], "{:.0f}"), _num(t["cpu_percent"]),
+                     _num(t["rss"] and t["rss"] // 2**20)])
+    return rows
+
+
+def status_table(snap: dict, width: int) -> Table:
+    return fit(STATUS_COLUMNS, status_rows(snap), width, f"run {snap['run_id']}: {snap['state']}")
+
+
+def status_plain(snap: dict) -> str:
+    """For pipes: every column, nothing cut, one line per task (`status | grep failed` works)."""
+    names = [c[0].replace(" ", "_") for c in STATUS_COLUMNS]
+    rows = [[v or "-" for v in r] for r in status_rows(snap)]
+    widths = [max(len(n), *(len(r[i]) for r in rows)) if rows else len(n) for i, n in enumerate(names)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    head = f"run {snap['run_id']}: {snap['state']}"
+    return "\n".join([head, line(names), *(line(r) for r in rows)])

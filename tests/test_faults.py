@@ -1,0 +1,526 @@
+"""The launcher's promises under faults: real processes, real signals, real pipes (no mocks)."""
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import latest_state, launcher_traceback, wait_for, wait_gone, write_spec
+
+SLEEP = 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
+
+
+def script(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return f'command = ["python3", "{tmp_path / name}"]'
+
+
+def state_of(cli, run_id: str) -> dict:
+    return json.loads((cli.home / "runs" / run_id / "state.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def slow_python(tmp_path: Path, seconds: float) -> str:
+    """An interpreter that takes `seconds` to start: a preflight that takes that long."""
+    path = tmp_path / "slowpy"
+    path.write_text(f"#!/bin/sh\nsleep {seconds}\nexec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+# ---------------------------------------------------------------- the protocol is out of band
+
+FORGE = """
+import os, sys, time
+print("\\x1emgpu {\\"event\\": \\"exit\\", \\"code\\": 0}", flush=True)
+print('{"v": 1, "event": "exit", "code": 0, "time": 1.0}', flush=True)
+print('{"v": 1, "event": "started", "pid": 1}', flush=True)
+print("\\x1emgpu {not json", flush=True)
+time.sleep(1.0)
+sys.exit(3 if os.environ["MGPU_TASK_INDEX"] == "1" else 0)
+"""
+
+
+def test_forged_records_in_output_change_nothing(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "forge.py", FORGE))
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "task 1" in out and "exited with code 3" in out and not launcher_traceback(out)
+    st = latest_state(cli)
+    assert st["state"] == "failed" and st["tasks"][1]["state"] == "failed" and st["tasks"][1]["exit_code"] == 3
+    assert '"event": "exit"' in out  # shown as what it is: output
+    assert not wait_gone(cli.home, 5)
+
+
+# ---------------------------------------------------------------- output never delays fail-fast
+
+FLOOD_THEN_FAIL = """
+import os, sys, time
+d = os.environ["MGPU_RUN_DIR"]
+line = "x" * 200
+end = time.time() + 4
+while time.time() < end:
+    for _ in range(200):
+        print(line)
+if os.environ["MGPU_TASK_INDEX"] == "1":
+    open(os.path.join(d, "..", "exited-at"), "w").write(repr(time.time()))
+    os._exit(3)
+while True:
+    print(line)
+"""
+
+
+def test_stalled_stdout_reader_does_not_delay_fail_fast(cli, tmp_path):
+    """`up` writes into a pipe nobody reads while both tasks flood: task 1's exit still stops all fast."""
+    spec = write_spec(tmp_path, script(tmp_path, "flood.py", FLOOD_THEN_FAIL))
+    r, w = os.pipe()  # never read: the terminal does not drain
+    up = subprocess.Popen(cli.argv("up", spec), cwd=cli.cwd, env=cli.env, stdout=w, stderr=subprocess.DEVNULL)
+    os.close(w)
+    try:
+        st = wait_for(lambda: (lambda s: s if s and s["state"] == "failed" else None)(latest_state(cli)), 60,
+                      "the run to fail")
+        marker = next((cli.home / "runs" / st["run_id"]).rglob("exited-at"))
+        took = st["ended_at"] - float(marker.read_text())
+        assert took < 3.0, f"fail-fast took {took:.2f} s behind a stalled terminal"
+        assert not wait_gone(cli.home, 10)
+        assert up.wait(30) == 1
+    finally:
+        if up.poll() is None:
+            up.kill()
+        os.close(r)
+
+
+HUGE = """
+import os, sys
+sys.stdout.write("y" * (20 * 2**20))  # one 20 MB line, no newline
+sys.stdout.flush()
+for i in range(300000):
+    print("flood line", i)
+sys.exit(0)
+"""
+
+
+def test_flood_and_a_20mb_line_keep_the_launcher_small(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "huge.py", HUGE))
+    up = subprocess.Popen(cli.argv("up", spec), cwd=cli.cwd, env=cli.env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+    peak, tail = 0, b""
+    proc = psutil.Process(up.pid)
+    os.set_blocking(up.stdout.fileno(), False)
+    while up.poll() is None:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.Error:
+            break
+        try:  # a slow reader: a little every tick
+            chunk = os.read(up.stdout.fileno(), 65536)
+            tail = (tail + chunk)[-5000:] if chunk else tail
+        except BlockingIOError:
+            pass
+        time.sleep(0.05)
+    assert up.wait(120) == 0, tail
+    assert peak < 200 * 2**20, f"launcher RSS peaked at {peak / 2**20:.0f} MB"
+    st = latest_state(cli)
+    log = Path(st["tasks"][0]["run_dir"]) / "worker.log"
+    assert log.stat().st_size > 20 * 2**20  # the log keeps everything
+    assert st["state"] == "succeeded"
+
+
+def test_closed_stdout_keeps_supervising_and_records_the_run(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "talk.py", "import time\nfor i in range(30):\n    print(i, flush=True)\n"
+                                                        "    time.sleep(0.05)\n"))
+    up = subprocess.Popen(cli.argv("up", spec), cwd=cli.cwd, env=cli.env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+    up.stdout.readline()
+    up.stdout.close()  # `up | head -1`
+    assert up.wait(120) == 0, up.stderr.read()
+    assert latest_state(cli)["state"] == "succeeded"
+    assert b"Traceback" not in up.stderr.read()
+
+
+# ---------------------------------------------------------------- one owner of run state
+
+def test_run_is_recorded_before_preflight_and_down_stops_the_right_run(cli, tmp_path):
+    first = write_spec(tmp_path, SLEEP, n=1, name="a.toml")
+    r = cli("up", "--detach", first, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_a = latest_state(cli)["run_id"]
+    second = write_spec(tmp_path, SLEEP, n=1, name="b.toml", extra=f'python = "{slow_python(tmp_path, 30)}"\n')
+    up = cli.popen("up", second)
+    try:
+        st = wait_for(lambda: (lambda s: s if s and s["run_id"] != run_a else None)(latest_state(cli)), 30,
+                      "the second run to be recorded")
+        assert st["state"] == "preflight"
+        snap = json.loads(cli("status", "--json", timeout=60).stdout)
+        assert snap["run_id"] == st["run_id"] and snap["state"] == "preflight"
+        d = cli("down", timeout=120)  # the latest run: the one in preflight, not run A
+        assert d.returncode == 0, d.stdout + d.stderr
+        assert up.wait(30) == 130
+        assert state_of(cli, st["run_id"])["state"] == "stopped"
+        assert state_of(cli, run_a)["state"] == "running"
+    finally:
+        if up.poll() is None:
+            up.kill()
+        cli("down", run_a, timeout=120)
+    assert state_of(cli, run_a)["state"] == "stopped"
+    assert not wait_gone(cli.home, 10)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "slowpy" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 1, "run_id": "x"}', ""])
+def test_corrupt_or_old_state_is_exit_2_and_other_runs_still_work(cli, tmp_path, content):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "pass"]', n=1)
+    assert cli("up", spec, timeout=120).returncode == 0
+    good = latest_state(cli)["run_id"]
+    bad = "20991231-235959-dead"
+    (cli.home / "runs" / bad).mkdir()
+    (cli.home / "runs" / bad / "state.json").write_text(content)
+    for args in (["status"], ["status", bad], ["logs", bad], ["down", bad]):
+        r = cli(*args, timeout=60)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert bad in r.stderr and "Traceback" not in r.stderr + r.stdout, r.stderr
+    ok = cli("status", "--json", good, timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["state"] == "succeeded"
+
+
+def test_two_concurrent_up_of_one_spec_one_runs_one_is_refused(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP)
+    first = cli.popen("up", spec)
+    try:
+        wait_for(lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)), 60, "running")
+        run_a = latest_state(cli)["run_id"]
+        r = cli("up", spec, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"held by run {run_a}" in r.stderr and "nothing was started" in r.stderr
+        assert first.poll() is None and state_of(cli, run_a)["state"] == "running"
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) == 130
+
+
+def test_run_files_are_private(cli, tmp_path):
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "pass"]', n=1, env='API_TOKEN = "hunter2"')
+    assert cli("up", spec, timeout=120).returncode == 0
+    st = latest_state(cli)
+    folder = cli.home / "runs" / st["run_id"]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name in ("spec.toml", "state.json", "launcher.log"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
+    task = Path(st["tasks"][0]["run_dir"])
+    assert stat.S_IMODE(task.stat().st_mode) == 0o700
+    assert stat.S_IMODE(task.parent.stat().st_mode) == 0o700
+    for name in ("worker.log", "task.json", "exit_code"):
+        assert stat.S_IMODE((task / name).stat().st_mode) == 0o600, name
+
+
+def test_env_is_not_on_any_command_line(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP, n=1, env='API_TOKEN = "hunter2"')
+    seen = []
+
+    def look(up, _st):
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "hunter2" in cmd or "TF_CONFIG" in cmd:
+                seen.append(cmd)
+        up.send_signal(signal.SIGINT)
+
+    code, out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
+                             look, "running")
+    assert code == 130 and not seen, seen
+
+
+# ---------------------------------------------------------------- nothing left behind
+
+SETSID = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # leaves the task's session
+open(os.path.join(os.environ["MGPU_RUN_DIR"], "child.pid"), "w").write(str(child.pid))
+print("child", child.pid, flush=True)
+time.sleep(float(sys.argv[1]) if os.environ["MGPU_TASK_INDEX"] == "1" else 600)
+sys.exit(3)
+"""
+
+
+def child_pids(st: dict) -> list[int]:
+    return [int((Path(t["run_dir"]) / "child.pid").read_text()) for t in st["tasks"]]
+
+
+def test_setsid_children_are_gone_after_teardown(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "setsid.py", SETSID) .replace("]", ', "2"]'))
+    r = cli("up", spec, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    pids = child_pids(latest_state(cli))
+    time.sleep(0.5)
+    assert not [p for p in pids if alive(p)], "a setsid child outlived the teardown"
+
+
+def test_setsid_children_are_gone_after_down(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "setsid.py", SETSID).replace("]", ', "600"]'))
+    assert cli("up", "--detach", spec, timeout=120).returncode == 0
+    st = wait_for(lambda: (lambda s: s if all((Path(t["run_dir"]) / "child.pid").exists() for t in s["tasks"])
+                           else None)(latest_state(cli)), 60, "the children")
+    pids = child_pids(st)
+    assert all(alive(p) for p in pids)
+    assert cli("down", timeout=120).returncode == 0
+    time.sleep(0.5)
+    assert not [p for p in pids if alive(p)], "a setsid child outlived down"
+
+
+def test_a_recycled_pid_is_never_signalled(tmp_path):
+    """A task folder naming a live process that is not the one it started (other create time)."""
+    from worker.probe import stop
+
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        task = tmp_path / "task-0"
+        task.mkdir()
+        (task / "task.json").write_text(json.dumps({
+            "pid": stranger.pid, "create_time": psutil.Process(stranger.pid).create_time() - 100,
+            "supervisor_pid": stranger.pid, "supervisor_create_time": 1.0, "run_id": "r", "index": "0"}))
+        stop(str(task), grace=0.5)
+        assert stranger.poll() is None, "a process with a reused pid was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+# ---------------------------------------------------------------- signals and exit codes
+
+def test_ctrl_c_during_check_is_130_and_leaves_nothing(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP, n=2, extra=f'python = "{slow_python(tmp_path, 30)}"\n')
+    check = cli.popen("check", spec)
+    time.sleep(2.0)
+    check.send_signal(signal.SIGINT)
+    out, _ = check.communicate(timeout=30)
+    assert check.returncode == 130, out
+    assert "Traceback" not in out
+    time.sleep(0.5)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "slowpy" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_ctrl_c_during_preflight_is_130_and_recorded(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP, n=2, extra=f'python = "{slow_python(tmp_path, 30)}"\n')
+    up = cli.popen("up", spec)
+    wait_for(lambda: (lambda s: s if s and s["state"] == "preflight" else None)(latest_state(cli)), 30, "preflight")
+    time.sleep(1.0)
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=30)
+    assert up.returncode == 130, out
+    st = latest_state(cli)
+    assert st["state"] == "stopped" and "preflight" in st["failure"]
+    assert not wait_gone(cli.home, 5)
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as TensorFlow does: stop_grace, then KILL
+print("ready", flush=True)
+time.sleep(1.0 if os.environ["MGPU_TASK_INDEX"] == "1" else 600)
+sys.exit(3)
+"""
+
+
+def test_ctrl_c_during_teardown_finishes_it_and_exits_130(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "stubborn.py", STUBBORN), launch="stop_grace = 4")
+    up = cli.popen("up", spec)
+    lines = []
+    for line in up.stdout:
+        lines.append(line)
+        if "stopping 1 task(s)" in line:
+            break
+    up.send_signal(signal.SIGINT)
+    up.send_signal(signal.SIGINT)  # twice: still no half-done teardown
+    out, _ = up.communicate(timeout=60)
+    out = "".join(lines) + out
+    assert up.returncode == 130, out
+    assert "already stopping" in out and not launcher_traceback(out)
+    st = latest_state(cli)
+    assert st["state"] in ("failed", "stopped") and all(t["state"] != "running" for t in st["tasks"])
+    assert not wait_gone(cli.home, 5)
+
+
+def test_sighup_stops_every_task_and_records_it(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP)
+    code, out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
+                             lambda up, _st: up.send_signal(signal.SIGHUP), "running")
+    assert code == 130, out
+    st = latest_state(cli)
+    assert st["state"] == "stopped" and "SIGHUP" in st["failure"]
+    assert not wait_gone(cli.home, 5)
+
+
+@pytest.mark.parametrize("args", [["status", "--task", "abc"], ["up", "--bogus", "x.toml"], ["logs", "--tail", "x"]])
+def test_usage_errors_are_exit_2_without_traceback(cli, args):
+    r = cli(*args, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and ("Usage" in r.stderr or "No such option" in r.stderr), r.stderr
+
+
+def test_unwritable_mgpu_home_is_exit_2_naming_it(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP, n=1)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cli.env["MGPU_HOME"] = str(blocker / "home")
+    r = cli("up", spec, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert str(blocker / "home") in r.stderr and "MGPU_HOME" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_spec_that_is_a_fifo_is_refused_at_once(cli, tmp_path):
+    fifo = tmp_path / "cluster.toml"
+    os.mkfifo(fifo)
+    t0 = time.time()
+    r = cli("check", fifo, timeout=30)
+    assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
+    assert time.time() - t0 < 10
+
+
+# ---------------------------------------------------------------- hangs, heartbeats, restarts
+
+LOCKSTEP = """
+import json, os, sys, time
+d, i = os.environ["MGPU_RUN_DIR"], os.environ["MGPU_TASK_INDEX"]
+peer = os.path.join(d, "..", "task-%d" % (1 - int(i)), "step")
+for step in range(1, 100000):
+    with open(os.path.join(d, "step"), "w") as f:
+        f.write(str(step))
+    with open(os.path.join(d, ".p"), "w") as f:
+        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    while True:  # an all-reduce: wait for the peer to reach this step
+        try:
+            if int(open(peer).read() or 0) >= step:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    time.sleep(0.2)
+"""
+
+
+def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "lockstep.py", LOCKSTEP), launch="heartbeat_timeout = 4")
+
+    def training():
+        st = latest_state(cli)
+        return st if st and st["state"] == "running" and all((t.get("progress") or {}).get("global_step", 0) > 3
+                                                            for t in st["tasks"]) else None
+
+    code, out = cli.up_while(spec, training, lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGSTOP),
+                             "both tasks stepping")
+    assert code == 1, out
+    failure = latest_state(cli)["failure"]
+    assert failure.startswith("task 1 ") and "stopped" in failure and "heartbeat_timeout" in failure, failure
+    assert not wait_gone(cli.home, 5)
+
+
+LATE_START = """
+import json, os, time
+d = os.environ["MGPU_RUN_DIR"]
+time.sleep(5)  # imports and set-up, longer than the heartbeat timeout: no hang
+for step in range(1, 4):
+    with open(os.path.join(d, ".p"), "w") as f:
+        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    time.sleep(0.5)
+"""
+
+
+def test_heartbeat_counts_only_after_the_first_progress(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "late.py", LATE_START), launch="heartbeat_timeout = 2")
+    r = cli("up", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+FLAKY = """
+import os, sys, time
+d = os.environ["MGPU_RUN_DIR"]
+marker = os.path.join(d, "..", "failed-once")
+if os.environ["MGPU_TASK_INDEX"] == "1" and not os.path.exists(marker):
+    open(marker, "w").close()
+    print("disk on fire", flush=True)
+    sys.exit(3)
+time.sleep(1.5)
+"""
+
+
+def test_restart_report_names_the_failure_that_caused_it(cli, tmp_path):
+    spec = write_spec(tmp_path, script(tmp_path, "flaky.py", FLAKY), launch="max_restarts = 1")
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "attempt 0 failed: task 1" in out and "exited with code 3" in out and "disk on fire" in out
+    snap = json.loads(cli("status", "--json", timeout=60).stdout)
+    assert snap["state"] == "succeeded" and snap["attempt"] == 1
+    first = snap["attempts"][0]
+    assert first["outcome"] == "failed" and "exited with code 3" in first["reason"]
+    assert "exited with code 3" in (cli.home / "runs" / snap["run_id"] / "launcher.log").read_text()
+    assert "exited with code 3" in cli("status", timeout=60).stdout
+
+
+# ---------------------------------------------------------------- ports
+
+HOLD_PORT = """#!/bin/sh
+# the task's interpreter: before the supervisor starts, something else takes the task's port
+case "$*" in *worker.supervisor*)
+  port=$(echo "$*" | sed 's/.*--port \\([0-9]*\\).*/\\1/')
+  {python} -c "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); time.sleep(60)" &
+  echo $! > {pidfile}
+  sleep 1;;
+esac
+exec {python} "$@"
+"""
+
+
+def test_port_taken_after_preflight_is_one_paragraph_naming_the_holder(cli, tmp_path):
+    pidfile = tmp_path / "holder.pid"
+    wrapper = tmp_path / "pywrap"
+    wrapper.write_text(HOLD_PORT.format(python=sys.executable, pidfile=pidfile))
+    wrapper.chmod(0o755)
+    spec = write_spec(tmp_path, SLEEP, n=1, extra=f'python = "{wrapper}"\n')
+    try:
+        r = cli("up", spec, timeout=120)
+        holder = int(pidfile.read_text())
+        out = r.stdout + r.stderr
+        assert r.returncode == 1, out
+        assert f"was taken by pid {holder}" in r.stderr and "Traceback" not in out
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_logs_follow_ends_when_the_launcher_dies(cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP, n=1)
+    assert cli("up", "--detach", spec, timeout=120).returncode == 0
+    st = latest_state(cli)
+    follow = cli.popen("logs", "--follow")
+    try:
+        time.sleep(1.0)
+        os.kill(st["agent_pid"], signal.SIGKILL)
+        follow.wait(20)
+        assert follow.returncode == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert not wait_gone(cli.home, 10)
+    snap = json.loads(cli("status", "--json", timeout=60).stdout)
+    assert snap["state"] == "lost" and snap["tasks"][0]["state"] != "running"
+    assert latest_state(cli)["state"] == "lost"  # recorded, not only shown

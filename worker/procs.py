@@ -1,0 +1,77 @@
+"""Processes we started, found again safely: by pid *and* create time, and by the run in their env.
+
+The one liveness helper (`same`) and the one stop helper (`stop`) of both the launcher and the
+hosts. A pid alone is never signalled: a recycled pid names somebody else's process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+ENV_RUN, ENV_TASK = "MGPU_RUN_ID", "MGPU_TASK_INDEX"
+
+
+def identity(pid: int) -> tuple[int, float] | None:
+    """(pid, create time) of a live process, to recognise it later."""
+    try:
+        return pid, psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def same(pid: int | None, create_time: float | None) -> psutil.Process | None:
+    """The live process `pid` if it is still the one created at `create_time` (zombies are gone)."""
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(int(pid))
+        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.01:
+            return None
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+    except (psutil.Error, ValueError, TypeError):
+        return None
+
+
+def of_task(run_id: str, index: int | str, exclude: int | None = None) -> list[psutil.Process]:
+    """Every live process whose environment says it belongs to task `index` of run `run_id`:
+    also those that left the task's session (setsid, daemons, TensorBoard)."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid in (me, exclude):
+            continue
+        try:
+            env = proc.environ()
+            if env.get(ENV_RUN) == run_id and env.get(ENV_TASK) == str(index) \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _signal(proc: psutil.Process, sig: int, group: bool) -> None:
+    try:
+        if group and os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except (psutil.Error, OSError):
+        pass
+
+
+def stop(procs: list[psutil.Process], grace: float, group: bool = True, first: int = signal.SIGTERM) -> list[psutil.Process]:
+    """`first` (TERM) to each process (its whole group when it leads one), KILL what is left after
+    `grace` seconds; the processes still alive after that (normally none)."""
+    procs = [p for p in procs if p is not None]
+    for proc in procs:
+        _signal(proc, first, group)
+        _signal(proc, signal.SIGCONT, group)  # a stopped (SIGSTOP) process only sees TERM once continued
+    _gone, alive = psutil.wait_procs(procs, timeout=grace) if grace > 0 else ([], procs)
+    for proc in alive:
+        _signal(proc, signal.SIGKILL, group)
+    _gone, alive = psutil.wait_procs(alive, timeout=5.0)
+    return alive
