@@ -146,6 +146,8 @@ class Agent:
         if isinstance(ev, protocol.Started):
             task.state, task.pid, task.create_time = TaskState.RUNNING, ev.pid, ev.create_time
             task.supervisor_pid, task.started_at = ev.supervisor_pid, now
+            if ev.host:
+                task.host = ev.host
             if all(t.state == TaskState.RUNNING for t in self.run.tasks):
                 self.run.state = RunState.RUNNING
                 self.mark_phase("all_started")

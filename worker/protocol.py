@@ -62,6 +62,7 @@ class Started(Event):
     create_time: float
     supervisor_pid: int
     time: float
+    host: str = ""  # where it runs, when the engine learns it only now (a scheduler's node)
 
 
 @dataclass(frozen=True)
