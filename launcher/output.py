@@ -25,7 +25,8 @@ MAX_PENDING_LINES = 2000
 # TensorFlow's C++ start-up chatter: kept in worker.log, hidden on screen unless --verbose.
 NOISE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+\.(cc|h):\d+\]"  # 2024-01-01 12:00:00.1: I tensorflow/x.cc:12]
-    r"|[IWE]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+\.(cc|h):\d+\]"  # absl: E0000 00:00:1700.1  123 cuda_executor.cc:1]
+    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+\.(cc|h):\d+\]"  # absl: I0000 00:00:1795403425.1  8501 x.cc:52]
+    r"|E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ cuda\S*\.cc:\d+\] failed call to cuInit"  # CPU-only: not an error
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|To enable the following instructions: .* rebuild TensorFlow"
     r"|This TensorFlow binary is optimized to use available CPU instructions)"

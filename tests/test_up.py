@@ -56,6 +56,15 @@ def test_example_cluster_trains_and_status_shows_it(cli):
     assert len(logs.stdout.strip().splitlines()) == 3
     assert (cli.home / "runs" / snap["run_id"] / "state.json").exists()
     assert not list(Path(cli.cwd).glob(".mgpu*"))  # nothing written in the user's folder
+    # TensorFlow's C++ start-up chatter and CPU-only CUDA errors stay in worker.log, off the screen
+    shown = [line for line in out.splitlines() if line.startswith("task")]
+    for noise in ("oneDNN custom operations", "cuInit", "Could not find cuda drivers", "absl::InitializeLog",
+                  "rebuild TensorFlow"):
+        assert not any(noise in line for line in shown), noise
+    plain = cli("status", timeout=60).stdout  # piped: every task's state and pid in full
+    for t in snap["tasks"]:
+        assert any(line.split()[:4] == [str(t["index"]), f"{t['host']}:{t['port']}", str(t["pid"]), "succeeded"]
+                   for line in plain.splitlines()), plain
 
 
 def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
@@ -220,3 +229,14 @@ def test_failing_command_exit_code_and_log_tail(cli, tmp_path):
 def test_commands_without_runs_explain(cli, args):
     r = cli(*args, timeout=60)
     assert r.returncode == 2 and "No runs yet" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sigstopped_tensorflow_worker_is_named_not_its_waiting_peer(cli, tmp_path):
+    """Task 1 frozen (SIGSTOP) mid-training: task 0 waits in the all-reduce; task 1 is the one named."""
+    spec = write_spec(tmp_path, DIGITS + "\nepochs = 200", launch="heartbeat_timeout = 6")
+    code, out = cli.up_while(spec, lambda: all_training(cli),
+                             lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGSTOP), "both workers training")
+    assert code == 1, out
+    failure = latest_state(cli)["failure"]
+    assert failure.startswith("task 1 ") and "SIGSTOP" in failure, failure
+    assert not wait_gone(cli.home, 10)
