@@ -12,10 +12,10 @@ import signal
 import time
 
 from launcher import interrupts
-from launcher.engines import Engine
+from launcher.engines import Engine, engine_for
 from launcher.errors import Interrupted, RunFailed
 from launcher.output import Output
-from launcher.plan import TaskPlan
+from launcher.plan import TaskPlan, plan_tasks
 from launcher.record import Attempt, Owner, run_path
 from launcher.spec import ClusterSpec
 from worker import protocol
@@ -48,7 +48,7 @@ class _AttemptSink:
 
     def output(self, index: int, lines: list[str], dropped: int) -> None:
         self.agent.tails[index].extend(lines)
-        self.agent.out.task_lines(self.agent.plans[index], lines, dropped)
+        self.agent.out.task_lines(self.agent.plan_of[index], lines, dropped)
 
     def garbage(self, index: int, text: str) -> None:
         self.agent.out.logline(f"task {index}: a line from its supervisor that is not a record (ignored): {text}")
@@ -59,27 +59,41 @@ class Agent:
     def __init__(self, spec: ClusterSpec, plans: list[TaskPlan], engine: Engine, owner: Owner, out: Output):
         self.spec, self.plans, self.engine, self.owner, self.out = spec, plans, engine, owner, out
         self.run = owner.record
+        self.plan_of = {p.index: p for p in plans}
         self.live: set[int] = set()  # tasks started in this attempt whose exit is not known yet
+        self.preempted_at: float | None = None
         self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in plans}
         self.events: queue.Queue = queue.Queue()
 
-    # -- the state machine: attempt -> (succeeded | restart | failed), teardown always
+    # -- the state machine: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
     def execute(self) -> None:
         run, launch = self.run, self.spec.launch
         try:
             while True:
-                failure = self.attempt(run.attempt)
-                if failure is None:
+                outcome, reason = self.attempt(run.attempt)
+                if outcome == "succeeded":
                     run.state = RunState.SUCCEEDED
                     return
-                if run.attempt < launch.max_restarts:
-                    self.out.say(f"attempt {run.attempt} failed: {failure}")
-                    run.attempt += 1
-                    self.out.say(f"restarting the whole group (restart {run.attempt} of {launch.max_restarts}) "
+                if outcome == "preempted" and run.preemptions < launch.max_preemptions:
+                    run.preemptions += 1
+                    self.out.say(f"attempt {run.attempt} was preempted: {reason}")
+                    self.out.say(f"restarting the whole group after preemption {run.preemptions} (not counted "
+                                 "against max_restarts); it resumes from the checkpoint taken on notice")
+                elif outcome == "failed" and self.shrink():
+                    self.out.say(f"attempt {run.attempt} lost a host: {reason}")
+                    self.out.say(f"going on with {len(self.plans)} task(s) ({', '.join(p.host.label for p in self.plans)}); "
+                                 "they resume from the last checkpoint with a new TF_CONFIG")
+                elif run.restarts < launch.max_restarts:
+                    run.restarts += 1
+                    self.out.say(f"attempt {run.attempt} failed: {reason}")
+                    self.out.say(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
                                  "after that failure; it resumes from its last checkpoint")
-                    continue
-                run.state, run.failure = RunState.FAILED, failure
-                raise RunFailed(failure)
+                else:
+                    if outcome == "preempted":
+                        reason = f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"
+                    run.state, run.failure = RunState.FAILED, reason
+                    raise RunFailed(reason)
+                run.attempt += 1
         except KeyboardInterrupt:
             why = interrupts.reason()
             if (run_path(run.run_id) / "down.request").exists():
@@ -96,20 +110,44 @@ class Agent:
                 run.ended_at = time.time()
                 self.owner.save()
 
-    def attempt(self, number: int) -> str | None:
+    def shrink(self) -> bool:
+        """Elastic runs (min_hosts): leave out the hosts that no longer answer, if enough remain."""
+        min_hosts = self.spec.launch.min_hosts
+        if min_hosts is None:
+            return False
+        indices = [p.index for p in self.plans]
+        answers = self.engine.reachable(indices)
+        gone = [i for i, a in zip(indices, answers) if not a.ok]
+        left = [i for i in indices if i not in gone]
+        if not gone or len(left) < min_hosts:
+            return False
+        for i in gone:
+            self.run.tasks[i].state = TaskState.LOST
+            self.run.hosts_lost.append(i)
+            self.out.say(f"{self.plan_of[i].label} is left out: {answers[indices.index(i)].error}")
+        self.engine.close()
+        self.plans = plan_tasks(self.spec, self.run.run_id, only=left)
+        self.plan_of = {p.index: p for p in self.plans}
+        self.engine = engine_for(self.spec, self.plans)
+        return True
+
+    def attempt(self, number: int) -> tuple[str, str | None]:
+        """Run one attempt of the group: ("succeeded" | "failed" | "preempted", why)."""
         run = self.run
         run.state = RunState.STARTING
+        active = [run.tasks[p.index] for p in self.plans]
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=[p.index for p in self.plans]))
-        for t in run.tasks:
+        for t in active:
             t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
             t.proc_status, t.restarts = None, number
         self.events = queue.Queue()
+        self.preempted_at: float | None = None
         spawn_at = time.time()
         run.phases.setdefault("spawn_started", spawn_at)
         self.owner.save()
-        self.live = set(range(len(self.plans)))
+        self.live = {p.index for p in self.plans}
         failed = self.engine.start(number, _AttemptSink(self, number))
-        failure = "\n".join(f"{self.plans[i].label} could not be started: {why}" for i, why in sorted(failed.items()))
+        failure = "\n".join(f"{self.plan_of[i].label} could not be started: {why}" for i, why in sorted(failed.items()))
         for i in failed:  # every host's outcome: one that fails to start must not hide another
             self.live.discard(i)
             run.tasks[i].state = TaskState.FAILED
@@ -122,17 +160,31 @@ class Agent:
                 got = None
             if got is not None and got[0] == number:
                 failure = self.on_event(got[1], got[2])
+            if self.preempted_at is not None:
+                if not self.live or time.time() - self.preempted_at > self.spec.launch.preempt_grace:
+                    return self.wind_down(number)
+                continue
             failure = failure or self.check_timeouts(spawn_at)
-            if failure is None and all(t.state == TaskState.SUCCEEDED for t in run.tasks):
+            if failure is None and all(t.state == TaskState.SUCCEEDED for t in active):
                 self.mark_phase("end")
                 self.end_attempt("succeeded", None)
-                return None
+                return "succeeded", None
             self.owner.save(every=SAVE_EVERY_S)
         self.end_attempt("failed", failure)
         self.out.say(f"attempt {number} failed: stopping every task")
         with interrupts.shield(self.out.say):
             self.teardown("another task failed")
-        return failure
+        return "failed", failure
+
+    def wind_down(self, number: int) -> tuple[str, str]:
+        """A preemption: the group saved (or had preempt_grace to); stop what is left."""
+        names = [self.plan_of[t.index].label for t in self.run.tasks if t.state == TaskState.PREEMPTED]
+        reason = (f"{', '.join(names) or 'a task'} got notice to stop (SIGTERM from its host or scheduler) and "
+                  "the group saved a checkpoint")
+        self.end_attempt("preempted", reason)
+        with interrupts.shield(self.out.say):
+            self.teardown("the group was preempted")
+        return "preempted", reason
 
     def end_attempt(self, outcome: str, reason: str | None) -> None:
         current = self.run.attempts[-1] if self.run.attempts else None
@@ -141,14 +193,14 @@ class Agent:
             self.owner.save()
 
     def on_event(self, index: int, ev: protocol.Event) -> str | None:
-        task, plan = self.run.tasks[index], self.plans[index]
+        task, plan = self.run.tasks[index], self.plan_of[index]
         now = time.time()
         if isinstance(ev, protocol.Started):
             task.state, task.pid, task.create_time = TaskState.RUNNING, ev.pid, ev.create_time
             task.supervisor_pid, task.started_at = ev.supervisor_pid, now
             if ev.host:
                 task.host = ev.host
-            if all(t.state == TaskState.RUNNING for t in self.run.tasks):
+            if all(self.run.tasks[p.index].state == TaskState.RUNNING for p in self.plans):
                 self.run.state = RunState.RUNNING
                 self.mark_phase("all_started")
                 self.owner.save()
@@ -163,6 +215,16 @@ class Agent:
             task.exit_code, task.ended_at = ev.code, now
             if ev.tail:
                 self.tails[index] = collections.deque(ev.tail[-TAIL_LINES:], maxlen=TAIL_LINES)
+            notice = (task.progress or {}).get("state") in ("preempting", "preempted")
+            if ev.code == protocol.EXIT_PREEMPTED or notice or self.preempted_at is not None:
+                # not a failure: the peers are saving the same checkpoint; let them finish
+                task.state = TaskState.PREEMPTED
+                if self.preempted_at is None:
+                    self.preempted_at = now
+                    self.out.say(f"{plan.label} was preempted ({describe_exit(ev.code)}); waiting up to "
+                                 f"preempt_grace = {self.spec.launch.preempt_grace:g} s for the others to save")
+                self.owner.save()
+                return None
             if ev.code == 0:
                 task.state = TaskState.SUCCEEDED
                 self.owner.save()
@@ -177,12 +239,14 @@ class Agent:
 
     def check_timeouts(self, spawn_at: float) -> str | None:
         now, launch = time.time(), self.spec.launch
-        for task, plan in zip(self.run.tasks, self.plans):
+        for plan in self.plans:
+            task = self.run.tasks[plan.index]
             if task.state == TaskState.PENDING and task.index in self.live and now - spawn_at > launch.start_timeout:
                 task.state = TaskState.FAILED
                 return self.report(plan, f"did not start within start_timeout = {launch.start_timeout:g} s")
         # the heartbeat counts from a task's first progress report (imports and set-up are no hang)
-        running = [t for t in self.run.tasks if t.state == TaskState.RUNNING and t.heartbeat]
+        running = [self.run.tasks[p.index] for p in self.plans]
+        running = [t for t in running if t.state == TaskState.RUNNING and t.heartbeat]
         if not any(now - t.heartbeat > launch.heartbeat_timeout for t in running):
             return None
         # a hang stalls its peers too (they wait in the all-reduce): name the task that stopped, not
@@ -192,7 +256,7 @@ class Agent:
         culprit.state = TaskState.FAILED
         stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in (
             "stopped", "tracing-stop") else ""
-        return self.report(self.plans[culprit.index],
+        return self.report(self.plan_of[culprit.index],
                            f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
                            f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
 
@@ -222,7 +286,8 @@ class Agent:
                 live.discard(index)
                 task = self.run.tasks[index]
                 task.exit_code = getattr(ev, "code", None)
-                task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
+                if task.state != TaskState.PREEMPTED:
+                    task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
                 task.ended_at = time.time()
             elif isinstance(ev, protocol.Started):
                 self.on_event(index, ev)
@@ -233,8 +298,9 @@ class Agent:
                 task = self.run.tasks[index]
                 task.state, task.ended_at = (TaskState.STOPPED if res.ok else TaskState.LOST), time.time()
                 if not res.ok:  # an unreachable host must not end the teardown
-                    self.out.say(f"{self.plans[index].label} could not be stopped: {res.error}")
-        for task in self.run.tasks:
+                    self.out.say(f"{self.plan_of[index].label} could not be stopped: {res.error}")
+        for p in self.plans:
+            task = self.run.tasks[p.index]
             if task.state in (TaskState.PENDING, TaskState.RUNNING):
                 task.state = TaskState.STOPPED
         self.owner.save()

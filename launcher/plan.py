@@ -24,6 +24,7 @@ class TaskPlan:
     argv: tuple[str, ...]
     env: dict[str, str]
     grace: float = 1.0
+    preempt_grace: float = 60.0
 
     @property
     def label(self) -> str:
@@ -33,7 +34,8 @@ class TaskPlan:
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
         return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir, "--attempt", str(attempt),
-                "--port", str(self.host.port), "--grace", f"{self.grace:g}", "--env-stdin", *extra, "--", *self.argv]
+                "--port", str(self.host.port), "--grace", f"{self.grace:g}",
+                "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra, "--", *self.argv]
 
 
 def mgpu_home() -> Path:
@@ -66,6 +68,8 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
         argv += ["--scale-learning-rate" if t.scale_learning_rate else "--no-scale-learning-rate"]
     if t.checkpoint_dir:
         argv += ["--checkpoint-dir", t.checkpoint_dir]
+    if t.checkpoint_every_steps:
+        argv += ["--checkpoint-every-steps", str(t.checkpoint_every_steps)]
     if t.tensorboard:
         argv += ["--tensorboard", t.tensorboard]
     if t.mixed_precision:
@@ -73,15 +77,23 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def plan_tasks(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
+def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) -> list[TaskPlan]:
+    """Every task's plan; `only`: the spec's host indices that take part (elastic: fewer hosts).
+
+    A task keeps its index and folder whatever the others do; its TF_CONFIG names only the
+    hosts that take part, and its rank among them."""
+    chosen = list(range(len(spec.hosts))) if only is None else list(only)
+    cluster = spec if only is None else spec.model_copy(update={"hosts": [spec.hosts[i] for i in chosen]})
     plans = []
-    for i, host in enumerate(spec.hosts):
+    for rank, i in enumerate(chosen):
+        host = spec.hosts[i]
         python = host.python or (sys.executable if host.is_local else "python3")
         run_dir = f"{run_root(host, run_id)}/task-{i}"
         plans.append(TaskPlan(
             index=i, host=host, python=python, run_dir=run_dir,
             cwd=os.path.expanduser(host.workdir) if host.is_local and host.workdir else host.workdir,
-            argv=worker_argv(spec, python), env=task_env(spec, i, run_id, run_dir), grace=spec.launch.stop_grace,
+            argv=worker_argv(spec, python), env=task_env(cluster, rank, run_id, run_dir), grace=spec.launch.stop_grace,
+            preempt_grace=spec.launch.preempt_grace,
         ))
     return plans
 

@@ -52,7 +52,7 @@ class Attempt:
     number: int
     started_at: float
     ended_at: float | None = None
-    outcome: str | None = None  # succeeded, failed, preempted, stopped
+    outcome: str | None = None  # succeeded, failed, preempted, shrunk, stopped
     reason: str | None = None  # the failure that ended it
     tasks: list[int] = field(default_factory=list)
 
@@ -64,6 +64,9 @@ class RunRecord:
     engine: str = "supervised"
     state: RunState = RunState.PREFLIGHT
     attempt: int = 0
+    restarts: int = 0  # after failures (bounded by max_restarts)
+    preemptions: int = 0  # after notices (bounded by max_preemptions; not restarts)
+    hosts_lost: list[int] = field(default_factory=list)  # tasks left out for good (elastic runs)
     agent_pid: int | None = None
     agent_create_time: float | None = None
     detached: bool = False

@@ -99,10 +99,11 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
         })
     alive = record.launcher_alive(run)
     state = run.state if run.ended or alive else RunState.LOST
-    return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "failure": run.failure,
+    return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
+            "preemptions": run.preemptions, "hosts_lost": run.hosts_lost, "failure": run.failure,
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
-            "attempts": [{"number": a.number, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
-                          "ended_at": a.ended_at} for a in run.attempts],
+            "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome, "reason": a.reason,
+                          "started_at": a.started_at, "ended_at": a.ended_at} for a in run.attempts],
             "tasks": tasks}
 
 
@@ -164,7 +165,7 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
                 text, offsets[i] = res.value
                 lines = text.splitlines()
                 if len(chosen) > 1:
-                    out.task_lines(engine.plans[i], lines)
+                    out.task_lines(engine.plan[i], lines)
                 else:
                     for line in lines:
                         print(line)
@@ -211,7 +212,7 @@ def down(run_id: str | None) -> None:
             results = engine.stop_from_folders(list(range(len(run.tasks))))
         finally:
             engine.close()
-        problems = [f"{engine.plans[i].label}: {r.error}" for i, r in enumerate(results) if not r.ok]
+        problems = [f"{engine.plan[i].label}: {r.error}" for i, r in enumerate(results) if not r.ok]
         for t in run.tasks:
             if t.state in (TaskState.PENDING, TaskState.RUNNING):
                 t.state = TaskState.STOPPED

@@ -100,6 +100,7 @@ class Training(_Model):
     learning_rate: Optional[PositiveFloat] = None
     scale_learning_rate: Optional[bool] = None
     checkpoint_dir: Optional[str] = None
+    checkpoint_every_steps: Optional[PositiveInt] = None
     tensorboard: Optional[str] = None
     mixed_precision: bool = False
 
@@ -124,6 +125,9 @@ class Launch(_Model):
     heartbeat_timeout: PositiveFloat = 300.0
     stop_grace: Annotated[float, Field(ge=0)] = 1.0
     accept_new_host_keys: bool = False
+    preempt_grace: PositiveFloat = 60.0  # notice (SIGTERM) to KILL: time for the group's checkpoint
+    max_preemptions: Annotated[int, Field(ge=0)] = 100  # restarts after preemption; not max_restarts
+    min_hosts: Optional[PositiveInt] = None  # elastic: go on with this many hosts when others are lost
 
 
 class ClusterSpec(_Model):
@@ -157,6 +161,9 @@ class ClusterSpec(_Model):
                     "two tasks cannot share one host and port"
                 )
             seen[key] = i
+        if self.launch.min_hosts is not None and self.launch.min_hosts > len(self.hosts):
+            raise ValueError(f"launch.min_hosts = {self.launch.min_hosts} is more than the {len(self.hosts)} "
+                             "host(s) listed")
         names: dict[str, int] = {}
         for i, host in enumerate(self.hosts):
             if host.name is not None:

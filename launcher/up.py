@@ -76,7 +76,11 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         refuse(checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)
         out.say(f"starting {len(plans)} task(s); logs in {record.run_path(run_id)}")
-        Agent(spec, plans, engine, owner, out).execute()
+        agent = Agent(spec, plans, engine, owner, out)
+        try:
+            agent.execute()
+        finally:
+            engine = agent.engine  # an elastic run may have moved to fewer hosts
         if interrupts.pending():
             raise Interrupted(f"interrupted by {interrupts.pending()} while the run ended")
         out.show(summary(run, out.console.width))

@@ -23,6 +23,7 @@ class Engine(ABC):
 
     def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
         self.spec, self.plans = spec, plans
+        self.plan = {p.index: p for p in plans}  # by task index (not always 0..n-1: elastic runs)
 
     @abstractmethod
     def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
@@ -47,6 +48,10 @@ class Engine(ABC):
     @abstractmethod
     def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
         """worker.log of a task from byte `offset` (or its last `tail` lines): (text, next offset)."""
+
+    def reachable(self, indices: list[int]) -> list[Result[float]]:
+        """Whether each task's host answers now (elastic runs drop the ones that do not)."""
+        return [Result(value=0.0) for _ in indices]
 
     def close(self) -> None:
         pass

@@ -16,13 +16,13 @@ class SupervisedEngine(Engine):
 
     def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
         super().__init__(spec, plans)
-        self.transports = transports_for(spec, plans)
+        self.transports = dict(zip((p.index for p in plans), transports_for(spec, plans)))
         self.handles: dict[int, Handle] = {}
 
     def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
         from launcher.preflight import preflight
 
-        return preflight(self.spec, self.plans, self.transports, base=base, say=say)
+        return preflight(self.spec, self.plans, [self.transports[p.index] for p in self.plans], base=base, say=say)
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
         def one(plan: TaskPlan) -> None:
@@ -42,7 +42,7 @@ class SupervisedEngine(Engine):
         """fn(transport, plans) once per host, in parallel; per task, in the order of `indices`."""
         groups: dict = {}
         for i in indices:
-            groups.setdefault(self.transports[i], []).append(self.plans[i])
+            groups.setdefault(self.transports[i], []).append(self.plan[i])
         items = list(groups.items())
         found: dict[int, Result[dict]] = {}
         for (transport, plans), res in zip(items, parallel(lambda g: fn(*g), items)):
@@ -57,7 +57,7 @@ class SupervisedEngine(Engine):
         return self._grouped(indices, lambda t, plans: t.probe(plans))
 
     def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
-        plan, transport = self.plans[index], self.transports[index]
+        plan, transport = self.plan[index], self.transports[index]
         path = f"{plan.run_dir}/worker.log"
         if tail is not None:
             code, size, _err = transport.call(plan, ["stat", "-c", "%s", path], 30)
@@ -70,6 +70,9 @@ class SupervisedEngine(Engine):
             return "", offset
         return text, offset + len(text.encode())
 
+    def reachable(self, indices: list[int]) -> list[Result[float]]:
+        return parallel(lambda i: self.transports[i].connect(), indices)
+
     def close(self) -> None:
-        for t in set(self.transports):
+        for t in set(self.transports.values()):
             t.close()
