@@ -8,8 +8,9 @@ import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
 
+from worker.protocol import EXIT_PREEMPTED
 from worker.runner import (DEFAULT_BATCH_SIZE_PER_REPLICA, DEFAULT_EPOCHS,
-                           DEFAULT_LEARNING_RATE, RunConfig, WorkerError, run)
+                           DEFAULT_LEARNING_RATE, Preempted, RunConfig, WorkerError, run)
 
 ENVIRONMENT = """\
 environment:
@@ -20,7 +21,17 @@ environment:
   MGPU_DATA          data path read by the bundled examples (worker.examples.*)
   MGPU_PROGRESS_INTERVAL  seconds between progress.json writes on batches (default 1)
   MGPU_TF_DATA_AUTOTUNE=1 tf.data autotune back on (benchmarks; fit may end seconds late)
-"""
+
+SIGTERM: every worker finishes the step, all save a checkpoint at the same step, and the
+process exits %d (preempted). Exit codes: 0 done, 2 a problem you can fix, 1 anything else.
+""" % EXIT_PREEMPTED
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="BackupAndRestore folder, shared by the run's tasks "
                         "(default: $MGPU_RUN_DIR/../checkpoint, else ./checkpoint)")
+    p.add_argument("--checkpoint-every-steps", type=positive, metavar="N",
+                   help="also save a checkpoint every N global steps, so that a run killed "
+                        "without notice resumes mid-epoch (default: the task's, else only at "
+                        "epoch ends)")
     p.add_argument("--tensorboard", metavar="LOGDIR",
                    help="TensorBoard log folder (the chief writes it; others a temporary one)")
     p.add_argument("--mixed-precision", action="store_true", help="mixed_float16 policy")
@@ -71,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         entrypoint=args.entrypoint, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
         batch_size_per_replica=args.batch_size_per_replica, learning_rate=args.learning_rate,
         scale_learning_rate=args.scale_learning_rate, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every_steps=args.checkpoint_every_steps,
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,
         communication=args.communication)
@@ -79,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkerError, ImportError) as exc:
         print(f"worker: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Preempted:
+        return EXIT_PREEMPTED
     return 0
 
 

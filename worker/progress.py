@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 FILENAME = "progress.json"
-STATES = ("starting", "training", "done")
+STATES = ("starting", "training", "done", "preempted")
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -78,8 +78,8 @@ class ProgressWriter:
         self.fields: dict[str, Any] = {
             "task": int(task), "state": "starting", "epoch": 0, "epochs": int(epochs),
             "step": 0, "steps_per_epoch": steps_per_epoch, "global_step": 0, "first_epoch": 1,
-            "loss": None, "metrics": {}, "samples_per_sec": None, "time": time.time(),
-            "pid": os.getpid(),
+            "first_global_step": 0, "loss": None, "metrics": {}, "samples_per_sec": None,
+            "time": time.time(), "pid": os.getpid(),
         }
         self._last_write = 0.0
 
@@ -158,6 +158,7 @@ def _make_callback_class():
             self.log = log
             self._supports_tf_logs = True  # logs stay tensors; converted only when written
             self._first_epoch: int | None = None
+            self._first_batch_seen = False
             self._epoch = 0
             self._step = 0
             self._rate_start: tuple[float, int] | None = None
@@ -188,6 +189,11 @@ def _make_callback_class():
         def mark_done(self) -> None:
             self.writer.update(force=True, state="done")
 
+        def mark_preempted(self) -> None:
+            """After the checkpoint on notice: the last finished step, state "preempted"."""
+            self.writer.update(force=True, state="preempted", step=self._step,
+                               global_step=self._global_step())
+
         # --- Keras hooks ---------------------------------------------------------------
         def on_train_begin(self, logs=None):
             epochs = self.writer.fields["epochs"] or self.params.get("epochs") or 0
@@ -198,14 +204,27 @@ def _make_callback_class():
             self._epoch, self._step, self._rate_start = epoch + 1, 0, None
             if self._first_epoch is None:
                 self._first_epoch = epoch + 1
-                if epoch > 0 and self.log:
-                    self.log(f"resuming at epoch {epoch + 1}")
+                self.writer.fields["first_global_step"] = self._global_step()
             self.writer.update(force=True, state="training", epoch=self._epoch, step=0,
                                first_epoch=self._first_epoch, global_step=self._global_step(),
                                samples_per_sec=None)
 
+        def on_train_batch_begin(self, batch, logs=None):
+            if self._first_batch_seen:
+                return
+            # fit resumes a backup mid-epoch (BackupAndRestore with save_freq=N) by starting
+            # the epoch at this batch; only here does a callback learn where.
+            batch = int(batch)  # a numpy integer when fit resumed mid-epoch
+            self._first_batch_seen, self._step = True, batch
+            if self._epoch > 1 or batch > 0:
+                if self.log:
+                    self.log(f"resuming at epoch {self._epoch}"
+                             + (f" step {batch + 1}" if batch else ""))
+                self.writer.update(force=True, step=batch, global_step=self._global_step(),
+                                   first_global_step=self._global_step())
+
         def on_train_batch_end(self, batch, logs=None):
-            self._step = batch + 1
+            self._step = int(batch) + 1
             if self._rate_start is None:  # rate from the first finished step (no tracing time)
                 self._rate_start = (time.time(), self._step)
             if not self.writer.due():

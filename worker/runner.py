@@ -6,12 +6,15 @@ TensorFlow is imported inside `run`, never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -30,6 +33,33 @@ class WorkerError(Exception):
 
 class EntrypointError(WorkerError):
     """The entrypoint cannot be imported, called, or returned something that is not a Task."""
+
+
+class Preempted(Exception):
+    """Every worker saved a checkpoint at the same step after a notice; exit EXIT_PREEMPTED."""
+
+
+_notice = threading.Event()  # set by SIGTERM
+
+
+@contextlib.contextmanager
+def notice_held():
+    """Inside, SIGTERM waits (blocked); afterwards it is a notice (see `checkpoint_callbacks`).
+
+    TensorFlow's coordination agent installs a SIGTERM handler that drops the signal, in place
+    while the strategy waits for its peers. Blocked, a notice stays pending until our handler
+    has replaced TensorFlow's; TensorFlow's threads, started inside, inherit the mask and never
+    take the signal. Outside the main thread (which alone can set handlers) this does nothing.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, lambda signum, frame: _notice.set())
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 @dataclass
@@ -73,6 +103,7 @@ class Task:
     batch_size_per_replica: int | None = None
     learning_rate: float | None = None
     steps_per_epoch: int | None = None  # default: examples // global batch
+    checkpoint_every_steps: int | None = None  # default: a checkpoint at each epoch end only
     validation_steps: int | None = None  # default: the whole validation set
     shard: str = "data"
     cache: bool = True  # cache the examples in memory before shuffling
@@ -85,6 +116,8 @@ class Task:
     def __post_init__(self):
         if self.shard not in SHARD_POLICIES:
             raise ValueError(f"Task.shard must be one of {SHARD_POLICIES}, not {self.shard!r}")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
+            raise ValueError("Task.checkpoint_every_steps must be at least 1 (or None)")
 
 
 @dataclass
@@ -98,6 +131,7 @@ class RunConfig:
     learning_rate: float | None = None
     scale_learning_rate: bool = True
     checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = None
     tensorboard: str | None = None
     mixed_precision: bool = False
     model_dir: str | None = None
@@ -187,6 +221,92 @@ def _check_backup_visible(tf, strategy, checkpoint_dir: str, num_workers: int) -
                           "storage that every host shares, or delete the backup to start over")
 
 
+NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
+DONE = "done"
+ACK_TIMEOUT_MS = 60_000
+
+
+def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int | None,
+                         info) -> list:
+    """[backup, stopper]: the first and the last callback of `fit`.
+
+    The backup is BackupAndRestore with save_freq an int, so that fit resumes mid-epoch. It
+    saves at each epoch's last step, at every global step that `every` divides, and on notice
+    (SIGTERM) at one step agreed by all workers: the worker that got the notice claims
+    "my step + 1" in the coordination service and waits until every worker's watcher thread
+    has read it. Workers are at most one step apart (each step all-reduces), so no worker has
+    passed that step, and all save there (a save is collective: one alone would hang). The
+    stopper then raises Preempted, after every other callback has seen that step.
+    """
+    from tensorflow.python.eager import context  # the key-value store has no public API
+
+    class Backup(keras.callbacks.BackupAndRestore):
+        def __init__(self):
+            super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps)
+            self.target: int | None = None  # the global step to save at and stop
+            self.stopped_at: int | None = None
+            self._claimed = False
+            self._watcher: threading.Thread | None = None
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            if info.multi_worker:
+                self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                 name="mgpu-notice-watcher")
+                self._watcher.start()
+
+        def _watch(self):
+            try:
+                value = context.context().get_config_key_value(NOTICE_KEY)  # blocks
+                if value != DONE:
+                    self.target = int(value)
+                    context.context().set_config_key_value(f"{NOTICE_KEY}/ack/{info.task_id}",
+                                                           "1")
+            except Exception as exc:  # noqa: BLE001 (the cluster is going away)
+                _say(f"notice watcher stopped: {exc}")
+
+        def _claim(self, step: int) -> None:
+            if not info.multi_worker:
+                self.target = step
+                return
+            ctx = context.context()
+            try:
+                ctx.set_config_key_value(NOTICE_KEY, str(step + 1))
+            except tf.errors.AlreadyExistsError:
+                return  # another worker was first: its step stands, the watcher reads it
+            for i in range(info.num_workers):
+                ctx.get_config_key_value(f"{NOTICE_KEY}/ack/{i}", ACK_TIMEOUT_MS)
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self._current_epoch * steps + batch + 1)
+            if _notice.is_set() and not self._claimed:
+                self._claimed = True
+                _say(f"notice (SIGTERM) at global step {step}: saving with every worker")
+                self._claim(step)
+            if self.target is not None and step >= self.target:
+                self._backup(epoch=self._current_epoch, batch=batch)
+                self.stopped_at = step
+            elif batch + 1 == steps or (every and step % every == 0):
+                self._backup(epoch=self._current_epoch, batch=batch)
+
+        def on_train_end(self, logs=None):
+            super().on_train_end(logs)
+            if self._watcher is not None:
+                try:
+                    context.context().set_config_key_value(NOTICE_KEY, DONE)
+                except tf.errors.AlreadyExistsError:
+                    pass
+                self._watcher.join(5)
+
+    backup = Backup()
+
+    def stop(batch, logs):
+        if backup.stopped_at is not None:
+            raise Preempted(f"saved a checkpoint at global step {backup.stopped_at} on notice")
+
+    return [backup, keras.callbacks.LambdaCallback(on_train_batch_end=stop)]
+
+
 def build_optimizer(keras, task: Task, learning_rate):
     if callable(task.optimizer):
         return task.optimizer(learning_rate)
@@ -227,21 +347,23 @@ def run(config: RunConfig) -> dict:
     writer = ProgressWriter(run_dir, task=task_id)
     writer.update(force=True, state="starting")
 
-    entrypoint = resolve_entrypoint(config.entrypoint)
-    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise WorkerError("--tensorboard needs the tensorboard package on every host: "
-                          "pip install tensorboard")
+    with notice_held():
+        entrypoint = resolve_entrypoint(config.entrypoint)
+        if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise WorkerError("--tensorboard needs the tensorboard package on every host: "
+                              "pip install tensorboard")
 
-    from worker.strategy import import_keras, set_mixed_precision, strategy_from_env
+        from worker.strategy import import_keras, set_mixed_precision, strategy_from_env
 
-    keras = import_keras()
-    import tensorflow as tf
+        keras = import_keras()
+        import tensorflow as tf
 
-    if config.mixed_precision:
-        set_mixed_precision(True)
-    # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op, so the
-    # entrypoint (which may index files with TensorFlow) is called only afterwards.
-    strategy = strategy_from_env(devices=config.devices, communication=config.communication)
+        if config.mixed_precision:
+            set_mixed_precision(True)
+        # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op, so the
+        # entrypoint (which may index files with TensorFlow) is called only afterwards.
+        strategy = strategy_from_env(devices=config.devices,
+                                     communication=config.communication)
     task = load_entrypoint(config.entrypoint, entrypoint)
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs = int(_resolve(config.epochs, task.epochs, default=DEFAULT_EPOCHS))
@@ -273,17 +395,28 @@ def run(config: RunConfig) -> dict:
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
                                 global_batch_size=global_batch, mark_done_on_train_end=False)
     _check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
-    callbacks = [keras.callbacks.BackupAndRestore(backup_dir=checkpoint_dir)]  # first: backs
-    if config.tensorboard:  # up an epoch before anyone reports it finished
+    every = _resolve(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
+    backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info)
+    callbacks = [backup]  # first: backs up a step before anyone reports it finished
+    if config.tensorboard:
         # tf_keras sends non-chief workers' logs to a temporary folder and removes it
         callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
     extra = task.callbacks() if callable(task.callbacks) else task.callbacks
-    callbacks += [progress, *extra]
+    callbacks += [progress, *extra, stopper]
 
     started = time.time()
-    history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
-                        validation_steps=task.validation_steps, callbacks=callbacks, verbose=0)
+    try:
+        history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
+                            validation_steps=task.validation_steps, callbacks=callbacks,
+                            verbose=0)
+    except Preempted as exc:
+        progress.mark_preempted()
+        _say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']} step "
+             f"{progress.writer.fields['step']}), {time.time() - started:.1f}s in fit")
+        raise
     returned = time.time()
+    if _notice.is_set():
+        _say("notice (SIGTERM) after the last step: finishing")
     tail = returned - progress.last_epoch_end if progress.last_epoch_end else 0.0
     _say(f"fit returned {tail:.2f}s after the last epoch end")
 
