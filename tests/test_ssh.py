@@ -530,3 +530,53 @@ def test_jump_host_from_ssh_config(th, tmp_path):
     assert f"jump host root@{jump.address} (ProxyJump on the way to {target.address}): its SSH host key is not " \
            "in known_hosts" in out, out
     assert not wait_gone(tmp_path, 10)
+
+
+@needs_root
+def test_elastic_run_goes_on_with_fewer_hosts_after_one_is_lost(cli, th, tmp_path):
+    """min_hosts = 2 of 3: one host crashed and kept down mid-run; the run resumes on the two left."""
+    victim = 2
+    spec = write_spec(tmp_path, th.addresses[:3], {"command": [
+        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "4",
+        "--steps-per-epoch", "40", "--batch-size-per-replica", "16"]},
+        launch={"min_hosts": 2, "heartbeat_timeout": 120}, defaults={"env": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+
+    def in_epoch_2():
+        st = all_progressing(cli, tmp_path)
+        if st:
+            p = json.loads((task_dir(tmp_path, st, 0) / "progress.json").read_text())
+            return st if p.get("epoch", 0) >= 2 else None
+        return None
+
+    try:
+        code, out = cli.up_while(spec, in_epoch_2, lambda _up, _st: th.crash(victim), "epoch 2",
+                                 ready_timeout=300, timeout=400)
+        assert code == 0, out
+    finally:
+        th.revive(victim)
+    assert f"task {victim} ({th.addresses[victim]}:{PORT}) is left out" in out and "going on with 2 task(s)" in out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [victim], snap
+    assert snap["tasks"][victim]["state"] == "lost"
+    assert snap["attempts"][-1]["tasks"] == [0, 1] and snap["attempts"][-1]["outcome"] == "succeeded"
+    for i in (0, 1):
+        p = json.loads((task_dir(tmp_path, snap, i) / "progress.json").read_text())
+        assert p["epoch"] == p["epochs"] == 4 and p["first_epoch"] >= 2, p  # resumed, not from scratch
+    assert not wait_gone(tmp_path, 30)
+
+
+@needs_root
+def test_task_environment_is_not_on_a_remote_command_line(cli, th, tmp_path):
+    spec = write_spec(tmp_path, th.addresses[:1], tick(), defaults={"env": {"API_TOKEN": "hunter2"}})
+    seen = []
+
+    def look(up, _st):
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "hunter2" in cmd or "TF_CONFIG" in cmd:
+                seen.append(cmd)
+        up.send_signal(signal.SIGINT)
+
+    code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), look, "progress", ready_timeout=120)
+    assert code == 130, out
+    assert not seen, seen

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 FILENAME = "progress.json"
-STATES = ("starting", "training", "done", "preempted")
+STATES = ("starting", "training", "done", "preempting", "preempted")
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -91,6 +91,8 @@ class ProgressWriter:
         """Merges `fields`; writes when forced or when the interval has passed. True if written."""
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"state must be one of {STATES}, not {fields['state']!r}")
+        if self.fields.get("state") == "preempting" and fields.get("state") == "training":
+            fields = {**fields, "state": "preempting"}  # a notice stands until the task stops
         self.fields.update(fields)
         if not force and not self.due():
             return False

@@ -227,7 +227,7 @@ ACK_TIMEOUT_MS = 60_000
 
 
 def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int | None,
-                         info) -> list:
+                         info, on_notice: Callable[[], None] = lambda: None) -> list:
     """[backup, stopper]: the first and the last callback of `fit`.
 
     The backup is BackupAndRestore with save_freq an int, so that fit resumes mid-epoch. It
@@ -245,7 +245,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps)
             self.target: int | None = None  # the global step to save at and stop
             self.stopped_at: int | None = None
-            self._claimed = False
+            self._claimed = self._noticed = False
             self._watcher: threading.Thread | None = None
 
         def on_train_begin(self, logs=None):
@@ -279,6 +279,9 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(self._current_epoch * steps + batch + 1)
+            if (_notice.is_set() or self.target is not None) and not self._noticed:
+                self._noticed = True
+                on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
             if _notice.is_set() and not self._claimed:
                 self._claimed = True
                 _say(f"notice (SIGTERM) at global step {step}: saving with every worker")
@@ -396,7 +399,8 @@ def run(config: RunConfig) -> dict:
                                 global_batch_size=global_batch, mark_done_on_train_end=False)
     _check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
     every = _resolve(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
-    backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info)
+    backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
+                                           lambda: writer.update(force=True, state="preempting"))
     callbacks = [backup]  # first: backs up a step before anyone reports it finished
     if config.tensorboard:
         # tf_keras sends non-chief workers' logs to a temporary folder and removes it

@@ -253,6 +253,16 @@ class Supervisor:
         if text != self.last_progress and isinstance(data, dict):
             self.last_progress = text
             self.emit(protocol.Progress(progress=data))
+            if data.get("state") == "preempting" and not self.stopping.is_set():
+                # the task took a notice (a SIGTERM sent to it, or one of its peers): it gets
+                # preempt_grace to save with its group, not more
+                self.stopping.set()
+                threading.Timer(self.preempt_grace, self.past_grace).start()
+
+    def past_grace(self) -> None:
+        if self.proc.poll() is None:
+            self.note(f"still running {self.preempt_grace:g} s (preempt_grace) after its notice: killed")
+            self.stop_task(0)
 
     def watch(self) -> None:
         """Forward output, progress and stats until the task ends."""
