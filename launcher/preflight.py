@@ -1,34 +1,33 @@
-"""Preflight: every host and port checked before anything starts (no task is started).
-
-In order, all hosts in parallel at each step, every host's outcome kept:
-  1. reach and authenticate every host (SSH; nothing to do for local ones);
-  2. copy the spec's `sync` files to the remote hosts (only when every host was reached);
-  3. worker.doctor on each task's host: interpreter, `worker` package, entrypoint or program,
-     port free (with its holder), GPUs, writable folders, versions;
-  4. Python, TensorFlow and tf-keras versions equal on every host;
-  5. cluster check (when the cluster has remote hosts and all else passed): every task listens on
-     its port for a moment and connects to every other task's address:port, as TensorFlow will.
-     Each listener is gone when its command returns, before any worker starts.
-"""
+"""Preflight: every host and port checked before anything starts. Per host: connect, sync, then ONE
+worker.doctor command for all its tasks (with the cluster check folded in); local tasks on this
+interpreter are checked in this process. Then Python, TensorFlow and tf-keras must match everywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
 import re
 import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
-from launcher.transport import LocalTransport, Transport, parallel
+from launcher.transport import LocalTransport, Transport
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
+HOSTS_AT_ONCE = 16
 SKIP_DIRS = {"__pycache__"}
 
 
@@ -43,37 +42,172 @@ class TaskCheck:
         return not self.problems
 
 
-def doctor_argv(spec: ClusterSpec, plan: TaskPlan) -> list[str]:
+class Children:
+    """The subprocesses preflight started, each in its own session; all killed when it is interrupted."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def run(self, argv: list[str], cwd: str | None, timeout: float) -> tuple[int, str, str]:
+        with self.lock:
+            if self.stopping:
+                raise RuntimeError("preflight was interrupted")
+            try:
+                proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+            except FileNotFoundError as exc:
+                if cwd and exc.filename == cwd:
+                    return 1, "", f"cd: {cwd}: No such file or directory"
+                return 127, "", f"{argv[0]}: not found"
+            except PermissionError:
+                return 126, "", f"{argv[0]}: permission denied"
+            self.procs.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(proc)
+            out, err = proc.communicate()
+            err += f"\ndid not finish within {timeout:g} s"
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+        return proc.returncode, out, err
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for proc in self.procs:
+                self.kill(proc)
+
+
+def each(fn: Callable, items: list, width: int, children: Children) -> list[tuple]:
+    """fn over items, `width` at a time: (value, None) or (None, error message) per item, in order.
+    Interrupted (Ctrl-C): every subprocess is killed and the interrupt goes on."""
+    if not items:
+        return []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(width, len(items))))
+    try:
+        futures = [pool.submit(fn, item) for item in items]
+        out = []
+        for f in futures:
+            try:
+                out.append((f.result(), None))
+            except Exception as exc:  # kept per item: one host's failure never hides another's
+                out.append((None, str(exc)))
+        return out
+    except BaseException:
+        children.kill_all()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------- what runs where
+
+def same_interpreter(plan: TaskPlan) -> bool:
+    """Whether a local task's python is this process's interpreter (same file and same venv)."""
+    def identity(path: str | None):
+        if not path:
+            return None
+        path = os.path.abspath(path)
+        venv = [d for d in (os.path.dirname(path), os.path.dirname(os.path.dirname(path)))
+                if os.path.isfile(os.path.join(d, "pyvenv.cfg"))]
+        return os.path.realpath(path), venv[:1]
+
+    python = plan.python
+    if python == sys.executable:
+        return True
+    found = os.path.join(plan.cwd or "", python) if "/" in python else shutil.which(python)
+    return bool(found and sys.executable) and identity(found) == identity(sys.executable)
+
+
+def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
+    """A task as worker.doctor reads it; `cwd`: the doctor runs elsewhere than the task's folder."""
     t = spec.training
-    argv = [plan.python, "-m", "worker.doctor", "--port", str(plan.host.port),
-            "--writable", posixpath.dirname(plan.run_dir)]
-    if t.entrypoint:
-        argv += ["--entrypoint", t.entrypoint]
-    else:
-        argv += ["--program", t.command[0]]
+    doc = {"index": plan.index, "port": plan.host.port,
+           "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
+    if cwd and plan.cwd:
+        doc["cwd"] = plan.cwd
     if isinstance(plan.host.gpus, list):
-        argv += ["--gpus", ",".join(map(str, plan.host.gpus))]
-    if t.checkpoint_dir:
-        argv += ["--writable", t.checkpoint_dir]
+        doc["gpus"] = plan.host.gpus
+    return doc
+
+
+def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[TaskPlan]]:
+    """The tasks that one doctor checks together: one group per host and interpreter; local tasks on
+    this interpreter form one group (checked in this process)."""
+    found: dict[tuple, list[TaskPlan]] = {}
+    for p in plans:
+        t = transports[p.index]
+        if isinstance(t, LocalTransport) and same_interpreter(p):
+            key: tuple = ("here",)
+        else:  # a relative interpreter path is relative to the task's folder
+            relative = "/" in p.python and not posixpath.isabs(p.python)
+            key = (id(t), p.python, p.cwd if relative else None)
+        found.setdefault(key, []).append(p)
+    return list(found.values())
+
+
+def doctor_argv(spec: ClusterSpec, group: list[TaskPlan], shared_cwd: bool) -> list[str]:
+    t = spec.training
+    argv = [group[0].python, "-m", "worker.doctor"]
+    argv += ["--entrypoint", t.entrypoint] if t.entrypoint else ["--program", t.command[0]]
+    for p in group:
+        argv += ["--task", json.dumps(task_doc(spec, p, cwd=not shared_cwd), separators=(",", ":"))]
     return argv
 
 
-def check_task(spec: ClusterSpec, plan: TaskPlan, transport: Transport) -> TaskCheck:
-    code, out, err = transport.call(plan, doctor_argv(spec, plan), DOCTOR_TIMEOUT_S)
-    if plan.cwd and code != 0 and "cd:" in err:
-        return TaskCheck(plan, [f"workdir {plan.cwd!r} does not exist on {plan.host.label}; create it there "
-                                "(or list files under 'sync', which creates it)"])
+def report_problem(plan: TaskPlan, shared_cwd: bool, code: int, out: str, err: str) -> str | None:
+    """What went wrong when a doctor gave no report (for every task of its group), else None."""
+    if shared_cwd and plan.cwd and code != 0 and "cd:" in err:
+        return workdir_missing(plan)
     if code in (126, 127):
-        return TaskCheck(plan, [f"interpreter {plan.python!r} cannot be run on {plan.host.label}: "
-                                f"{err.strip() or 'not found'}; set 'python' for this host in the spec"])
+        return (f"interpreter {plan.python!r} cannot be run on {plan.host.label}: "
+                f"{err.strip() or 'not found'}; set 'python' for this host in the spec")
     if code != 0 or not out.strip():
         last = (err.strip().splitlines() or ["no output"])[-1]
         if re.search(r"No module named '?worker\b", err):
             last = (f"the 'worker' package is not importable by {plan.python}; install mgpu-cluster "
                     "there (pip install mgpu-cluster), or set 'python' to an interpreter that has it")
-        return TaskCheck(plan, [f"host check failed: {last}"])
-    report = json.loads(out.strip().splitlines()[-1])
-    return TaskCheck(plan, report["problems"], report["versions"])
+        return f"host check failed: {last}"
+    return None
+
+
+def workdir_missing(plan: TaskPlan) -> str:
+    return (f"workdir {plan.cwd!r} does not exist on {plan.host.label}; create it there "
+            "(or list files under 'sync', which creates it)")
+
+
+def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport, children: Children,
+                mesh: list[str] | None) -> dict:
+    """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks."""
+    if isinstance(transport, LocalTransport) and same_interpreter(group[0]):
+        from worker import doctor
+
+        docs = [task_doc(spec, p, cwd=True) for p in group]
+        return doctor.check_tasks(docs, spec.training.entrypoint, None if spec.training.entrypoint
+                                  else spec.training.command[0])
+    shared_cwd = len({p.cwd for p in group}) == 1
+    argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
+    timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
+    lead = group[0] if shared_cwd else dataclasses.replace(group[0], cwd=None)
+    if isinstance(transport, LocalTransport):
+        code, out, err = children.run(argv, lead.cwd, timeout)
+    else:
+        code, out, err = transport.call(lead, argv, timeout)
+    problem = report_problem(group[0], shared_cwd, code, out, err)
+    if problem:
+        return {"problem": problem}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def version_problems(checks: list[TaskCheck]) -> None:
@@ -84,7 +218,7 @@ def version_problems(checks: list[TaskCheck]) -> None:
             if c.versions:
                 seen.setdefault(c.versions.get(key), []).append(c.plan.host.label)
         if len(seen) > 1:
-            listing = "; ".join(f"{v or 'missing'} on {', '.join(hosts)}" for v, hosts in seen.items())
+            listing = "; ".join(f"{v or 'missing'} on {', '.join(dict.fromkeys(hosts))}" for v, hosts in seen.items())
             for c in checks:
                 if c.versions:
                     c.problems.append(f"{key} versions differ across hosts ({listing}); install the same everywhere")
@@ -133,7 +267,7 @@ def sync_files(items: list[str], base: Path) -> tuple[list[tuple[str, str]], lis
 
 
 def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
-             say: Callable[[str], None]) -> dict[int, str]:
+             say: Callable[[str], None], children: Children) -> dict[int, str]:
     """Copy the sync files to each remote (host, workdir) once; problems by task index."""
     files, problems = sync_files(spec.sync, base)
     if problems:
@@ -141,21 +275,18 @@ def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpor
     targets: dict[tuple, list[TaskPlan]] = {}
     for p in plans:
         targets.setdefault((id(transports[p.index]), p.cwd), []).append(p)
-    groups = list(targets.values())
+    found_groups = list(targets.values())
 
     def one(group: list[TaskPlan]):
         t0 = time.monotonic()
-        result = transports[group[0].index].sync(files, group[0].cwd)
-        return result, time.monotonic() - t0
+        return transports[group[0].index].sync(files, group[0].cwd), time.monotonic() - t0
 
     found = {}
-    for group, res in zip(groups, parallel(one, groups)):
-        if isinstance(res, Exception):
-            for p in group:
-                found[p.index] = str(res)
-            continue
-        result, took = res
-        if result is not None:
+    for group, (res, error) in zip(found_groups, each(one, found_groups, HOSTS_AT_ONCE, children)):
+        if error is not None:
+            found.update({p.index: error for p in group})
+        elif res[0] is not None:
+            result, took = res
             where = group[0].cwd or "the login folder"
             say(f"sync {group[0].host.label}:{where}: {result['copied']} file(s) copied "
                 f"({result['bytes'] / 1e6:.1f} MB), {result['unchanged']} unchanged, in {took:.2f} s")
@@ -168,81 +299,80 @@ def mesh_seconds(spec: ClusterSpec) -> float:
     return max(3.0, min(spec.launch.connect_timeout, MESH_MAX_S))
 
 
-def mesh_argv(spec: ClusterSpec, plans: list[TaskPlan], plan: TaskPlan, token: str) -> list[str]:
-    argv = [plan.python, "-m", "worker.doctor", "--listen", str(plan.host.port), "--token", token,
-            "--index", str(plan.index), "--seconds", f"{mesh_seconds(spec):g}"]
-    for other in plans:
-        if other.index != plan.index:
-            argv += ["--peer", f"{other.index}={other.host.address}:{other.host.port}"]
-    return argv
+def mesh_args(spec: ClusterSpec, plans: list[TaskPlan], found_groups: list[list[TaskPlan]]) -> list[str]:
+    """The doctor's cluster-check options, the same for every host but --group (its lowest task index)."""
+    group_of = {p.index: g[0].index for g in found_groups for p in g}
+    peers = [[p.index, p.host.address, p.host.port, group_of[p.index]] for p in plans]
+    return ["--mesh", json.dumps(peers, separators=(",", ":")), "--token", secrets.token_hex(8),
+            "--seconds", f"{mesh_seconds(spec):g}"]
 
 
-def mesh_check(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport],
-               checks: list[TaskCheck]) -> None:
-    """Every task must reach every other task's port: add a problem per pair that does not."""
-    token = secrets.token_hex(8)
-    timeout = mesh_seconds(spec) + DOCTOR_TIMEOUT_S / 2
-
-    def one(plan: TaskPlan) -> dict:
-        code, out, err = transports[plan.index].call(plan, mesh_argv(spec, plans, plan, token), timeout)
-        if code != 0 or not out.strip():
-            raise RuntimeError((err.strip().splitlines() or [f"exit code {code}, no output"])[-1])
-        return json.loads(out.strip().splitlines()[-1])
-
-    for plan, res, check in zip(plans, parallel(one, plans), checks):
-        if isinstance(res, Exception):
-            check.problems.append(f"cluster check (port reachability) failed: {res}")
-            continue
-        if res.get("listen_error"):
-            check.problems.append(f"cannot listen on port {plan.host.port} for the cluster check: "
-                                  f"{res['listen_error']}")
-        for j, miss in sorted(res.get("unreached", {}).items(), key=lambda kv: int(kv[0])):
-            check.problems.append(
-                f"cannot reach task {j} at {miss['address']} from {plan.host.label}: {miss['reason']}. "
-                "Workers must reach each other's ports (TensorFlow's gRPC): check firewalls and the addresses "
-                "in the spec")
+def mesh_problems(plan: TaskPlan, res: dict) -> list[str]:
+    problems = []
+    if res.get("listen_error"):
+        problems.append(f"cannot listen on port {plan.host.port} for the cluster check: {res['listen_error']}")
+    for j, miss in sorted(res.get("unreached", {}).items(), key=lambda kv: int(kv[0])):
+        problems.append(
+            f"cannot reach task {j} at {miss['address']} from {plan.host.label}: {miss['reason']}. "
+            "Workers must reach each other's ports (TensorFlow's gRPC): check firewalls and the addresses "
+            "in the spec")
+    return problems
 
 
 # --------------------------------------------------------------------------- all of it
 
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path | None = None,
               say: Callable[[str], None] | None = None) -> list[TaskCheck]:
-    """Every check, on all hosts in parallel; `base` (the spec's folder) enables `sync`."""
+    """Every check, hosts in parallel; `base` (the spec's folder) enables `sync`."""
     say = say or (lambda _msg: None)
+    children = Children()
     checks = [TaskCheck(p) for p in plans]
-    for index, problem in address_problems(plans).items():
+    addressing = address_problems(plans)
+    for index, problem in addressing.items():
         checks[index].problems.append(problem)
 
-    unique = list(dict.fromkeys(transports))
+    remote = [t for t in dict.fromkeys(transports) if not isinstance(t, LocalTransport)]
     t0 = time.monotonic()
-    reached = dict(zip(unique, parallel(lambda t: t.connect(), unique)))
-    remote = [t for t in unique if not isinstance(t, LocalTransport)]
-    if remote and all(not isinstance(r, Exception) for r in reached.values()):
+    reached = dict(zip(remote, each(lambda t: t.connect(), remote, HOSTS_AT_ONCE, children)))
+    if remote and all(error is None for _v, error in reached.values()):
         say(f"connected to {len(remote)} host(s) in {time.monotonic() - t0:.2f} s")
     for c, t in zip(checks, transports):
-        if isinstance(reached[t], Exception):
-            c.problems.append(str(reached[t]))
-    if any(isinstance(r, Exception) for r in reached.values()):
+        if t in reached and reached[t][1] is not None:
+            c.problems.append(reached[t][1])
+    if any(error is not None for _v, error in reached.values()):
         return checks  # nothing more is done on any host when one cannot be reached
 
     if spec.sync and base is not None:
-        for index, problem in run_sync(spec, plans, transports, base, say).items():
+        for index, problem in run_sync(spec, plans, transports, base, say, children).items():
             checks[index].problems.append(problem)
         if not all(c.ok for c in checks):
             return checks
 
-    results = parallel(lambda p: check_task(spec, p, transports[p.index]), plans)
-    for c, r in zip(checks, results):
-        if isinstance(r, TaskCheck):
-            c.problems += r.problems
-            c.versions = r.versions
-        else:
-            c.problems.append(str(r))
+    found_groups = groups(plans, transports)
+    with_mesh = bool(remote) and len(plans) > 1 and not addressing
+    mesh = mesh_args(spec, plans, found_groups) if with_mesh else None
+    t0 = time.monotonic()
+    results = each(lambda g: check_group(spec, g, transports[g[0].index], children, mesh), found_groups,
+                   len(found_groups) if with_mesh else HOSTS_AT_ONCE, children)  # the mesh needs all at once
+    meshes = {}
+    for group, (report, error) in zip(found_groups, results):
+        problem = error or (report or {}).get("problem")
+        tasks = {} if problem else {t["index"]: t for t in report["tasks"]}
+        for p in group:
+            c = checks[p.index]
+            if problem:
+                c.problems.append(problem)
+                continue
+            entry = tasks[p.index]
+            c.problems += [workdir_missing(p)] if entry["no_workdir"] else entry["problems"]
+            c.versions = report["versions"]
+            if report.get("mesh"):
+                meshes[p.index] = report["mesh"].get(str(p.index), {})
     version_problems(checks)
-    if remote and len(plans) > 1 and all(c.ok for c in checks):
-        t0 = time.monotonic()
-        mesh_check(spec, plans, transports, checks)
+    if with_mesh and all(c.ok for c in checks):  # else a peer's own failure would show here twice
+        for c in checks:
+            c.problems += mesh_problems(c.plan, meshes.get(c.plan.index, {}))
         if all(c.ok for c in checks):
-            say(f"every worker reaches every other worker's port ({len(plans) * (len(plans) - 1)} pairs, "
-                f"{time.monotonic() - t0:.2f} s)")
+            say(f"every worker reaches every other worker's port ({len(plans) * (len(plans) - 1)} pairs; "
+                f"all host checks {time.monotonic() - t0:.2f} s)")
     return checks

@@ -1,23 +1,12 @@
-"""Checks one host for the launcher's preflight and prints them as JSON (no TensorFlow import).
-
-    python -m worker.doctor --port 20000 [--port ...] [--entrypoint mod:fn | --program prog]
-                            [--gpus 0,1] [--writable DIR ...]
-
-Cluster check (every worker must reach every other worker's port), run on all hosts at once:
-
-    python -m worker.doctor --listen 20000 --token T --index I --peer J=ADDR:PORT ... [--seconds S]
-
-listens on the port for S seconds at most, connects to every peer's port (the peers run the same
-at the same time), and prints which peers it reached and which reached it. Only a listener that
-answers with the same token counts, so an unrelated service on the port does not pass.
-"""
+"""Checks one host's tasks for the launcher's preflight and prints one JSON report (no TensorFlow import).
+Host-wide things (interpreter, versions, entrypoint or program, GPUs) are checked once, ports and folders
+per task; with --mesh, the cluster check too. The launcher calls `check_tasks` directly when it can."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -27,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.machinery import PathFinder
 
 
 def version(dist: str) -> str | None:
@@ -36,47 +26,90 @@ def version(dist: str) -> str | None:
         return None
 
 
-def port_holder(port: int) -> dict | None:
-    """Who listens on `port` (any address), or None when it is free."""
-    import psutil  # here: the cluster check (mesh) starts faster without it
+def versions() -> dict:
+    return {"python": platform.python_version(), "tensorflow": version("tensorflow"), "tf-keras": version("tf-keras")}
 
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except psutil.AccessDenied:
-        conns = []
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
-            holder = {"pid": c.pid, "name": None, "cmdline": None}
-            try:
-                p = psutil.Process(c.pid)
-                holder.update(name=p.name(), cmdline=" ".join(p.cmdline()))
-            except (psutil.Error, TypeError):
-                pass
-            return holder
-    with socket.socket() as s:  # not listed (e.g. no permission to see it): try to bind
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+def bind_error(port: int) -> str | None:
+    """Why `port` cannot be taken on every address as TensorFlow's gRPC takes it, or None when free."""
+    dual = socket.has_dualstack_ipv6()
+    with socket.socket(socket.AF_INET6 if dual else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT does not stop TensorFlow either
+        if dual:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         try:
-            s.bind(("", port))
+            s.bind(("::" if dual else "", port))
         except OSError as exc:
-            return {"pid": None, "name": None, "cmdline": f"bind failed: {exc.strerror}"}
+            return exc.strerror or str(exc)
     return None
 
 
-def entrypoint_problem(entrypoint: str) -> str | None:
-    """Whether module:function can be found, without importing the module (no TensorFlow)."""
+class Ports:
+    """Port holders; the (slow) list of listening sockets is read once, at the first busy port."""
+
+    def __init__(self):
+        self.listeners: dict[int, int | None] | None = None
+
+    def holder(self, port: int) -> dict | None:
+        err = bind_error(port)
+        if err is None:
+            return None
+        import psutil  # here: a host whose ports are free never needs it
+
+        if self.listeners is None:
+            try:
+                conns = psutil.net_connections(kind="inet")
+            except psutil.AccessDenied:
+                conns = []
+            self.listeners = {c.laddr.port: c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
+        if port not in self.listeners:
+            return {"pid": None, "name": None, "cmdline": f"bind failed: {err}"}
+        holder = {"pid": self.listeners[port], "name": None, "cmdline": None}
+        try:
+            p = psutil.Process(holder["pid"])
+            holder.update(name=p.name(), cmdline=" ".join(p.cmdline()))
+        except (psutil.Error, TypeError, ValueError):
+            pass
+        return holder
+
+
+def find_module(name: str, path: list[str]):
+    """The spec of module `name` as `python` in a folder would find it, executing nothing: the top
+    package through the import finders (editable installs included), its submodules on disk."""
+    top, *rest = name.split(".")
+    spec = None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = PathFinder.find_spec(top, path) if finder is PathFinder else find(top, None)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            break
+    for i in range(len(rest)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = PathFinder.find_spec(".".join([top, *rest[: i + 1]]), list(spec.submodule_search_locations))
+    return spec
+
+
+def entrypoint_problem(entrypoint: str, cwd: str) -> str | None:
+    """Whether module:function can be found from `cwd`, without importing anything (no TensorFlow)."""
     module, _, func = entrypoint.partition(":")
-    sys.path.insert(0, os.getcwd())
     try:
-        spec = importlib.util.find_spec(module)
+        spec = find_module(module, [cwd, *sys.path[1:]])  # sys.path[0]: this process's own folder
     except (ImportError, ValueError) as exc:
         return f"module {module!r} cannot be found: {exc}"
     if spec is None:
-        return f"module {module!r} cannot be found from {os.getcwd()} with {sys.executable}"
+        return f"module {module!r} cannot be found from {cwd} with {sys.executable}"
     if not spec.origin or not spec.origin.endswith(".py"):
         return None
     try:
-        tree = ast.parse(open(spec.origin, encoding="utf-8").read())
-    except (OSError, SyntaxError) as exc:
+        with open(spec.origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError) as exc:
         return f"module {module!r} ({spec.origin}) cannot be parsed: {exc}"
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
@@ -86,14 +119,19 @@ def entrypoint_problem(entrypoint: str) -> str | None:
     return None
 
 
-def gpu_problem(wanted: list[int]) -> str | None:
+def program_problem(program: str, cwd: str) -> str | None:
+    if ("/" not in program and shutil.which(program)) or os.path.isfile(os.path.join(cwd, program)):
+        return None
+    return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
+
+
+def gpu_indices() -> set[int] | None:
+    """The GPUs nvidia-smi lists, or None without nvidia-smi."""
     if not shutil.which("nvidia-smi"):
-        return f"GPUs {wanted} are named but this host has no nvidia-smi"
+        return None
     out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
                          capture_output=True, text=True, timeout=20)
-    have = {int(x) for x in out.stdout.split() if x.strip().isdigit()}
-    missing = sorted(set(wanted) - have)
-    return f"GPUs {missing} do not exist here (this host has {sorted(have)})" if missing else None
+    return {int(x) for x in out.stdout.split() if x.strip().isdigit()}
 
 
 def writable_problem(path: str) -> str | None:
@@ -108,31 +146,51 @@ def writable_problem(path: str) -> str | None:
     return None
 
 
-def doctor(ports, entrypoint=None, program=None, gpus=None, writable=()) -> dict:
-    problems = []
-    holders = {}
-    for port in ports:
-        holder = port_holder(port)
-        if holder:
-            holders[str(port)] = holder
-            who = f"pid {holder['pid']} ({holder['name']}: {holder['cmdline']})" if holder["pid"] else holder["cmdline"]
-            problems.append(f"port {port} is in use by {who}")
-    if entrypoint:
-        problems.append(entrypoint_problem(entrypoint))
-    if program and not (shutil.which(program) or os.path.isfile(program)):
-        problems.append(f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})")
-    if gpus:
-        problems.append(gpu_problem(gpus))
-    problems += [writable_problem(p) for p in writable]
-    return {
-        "hostname": socket.gethostname(),
-        "python": sys.executable,
-        "versions": {"python": platform.python_version(), "tensorflow": version("tensorflow"),
-                     "tf-keras": version("tf-keras")},
-        "holders": holders,
-        "problems": [p for p in problems if p],
-    }
+def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str | None = None) -> dict:
+    """Every task's problems; what depends only on the host (and folder) is looked at once."""
+    here = os.getcwd()
+    ports = Ports()
+    cache: dict[tuple, str | None] = {}
+    gpus: list = []  # [indices], filled at the first task that names GPUs
 
+    def once(key: tuple, fn, *args):
+        if key not in cache:
+            cache[key] = fn(*args)
+        return cache[key]
+
+    results = []
+    for t in tasks:
+        cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
+        entry = {"index": t["index"], "problems": [], "holder": None, "no_workdir": not os.path.isdir(cwd)}
+        results.append(entry)
+        if entry["no_workdir"]:
+            continue
+        problems = entry["problems"]
+        holder = entry["holder"] = ports.holder(t["port"])
+        if holder:
+            who = f"pid {holder['pid']} ({holder['name']}: {holder['cmdline']})" if holder["pid"] else holder["cmdline"]
+            problems.append(f"port {t['port']} is in use by {who}")
+        if entrypoint:
+            problems.append(once(("entrypoint", cwd), entrypoint_problem, entrypoint, cwd))
+        if program:
+            problems.append(once(("program", cwd), program_problem, program, cwd))
+        if t.get("gpus"):
+            if not gpus:
+                gpus.append(gpu_indices())
+            have = gpus[0]
+            missing = sorted(set(t["gpus"]) - (have or set()))
+            if have is None:
+                problems.append(f"GPUs {t['gpus']} are named but this host has no nvidia-smi")
+            elif missing:
+                problems.append(f"GPUs {missing} do not exist here (this host has {sorted(have)})")
+        for p in t.get("writable", []):
+            path = os.path.join(cwd, os.path.expanduser(p))
+            problems.append(once(("writable", path), writable_problem, path))
+        entry["problems"] = [p for p in problems if p]
+    return {"hostname": socket.gethostname(), "python": sys.executable, "versions": versions(), "tasks": results}
+
+
+# --------------------------------------------------------------------------- cluster check
 
 def _connect_reason(exc: OSError) -> str:
     if isinstance(exc, ConnectionRefusedError):
@@ -142,25 +200,36 @@ def _connect_reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
-def mesh(port: int, token: str, index: int, peers: dict[int, str], seconds: float) -> dict:
-    """Listen on `port` and reach every peer's listener; done when all are reached both ways."""
-    deadline = time.monotonic() + seconds
-    heard: set[int] = set()
-    lock = threading.Lock()
-    result = {"index": index, "port": port, "listen_error": None, "reached": [], "unreached": {},
-              "heard_from": []}
-    try:  # all addresses, like TensorFlow's gRPC server (IPv6 too where the host has it)
-        dual = socket.has_dualstack_ipv6()
-        server = socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET,
-                                      backlog=64, reuse_port=False, dualstack_ipv6=dual)
-    except OSError as exc:
-        result["listen_error"] = exc.strerror or str(exc)
-        server = None
+FOREIGN = "something else answers on that address and port (not this check's listener)"
+ANSWER_S = 2.0
 
-    def serve_one(conn: socket.socket) -> None:
-        """Hello '<token> <peer index>' in, '<token> ok' out; the peer closes first (no TIME_WAIT here)."""
+
+def mesh(mine: dict[int, int], group: int, peers: list, token: str, seconds: float) -> dict:
+    """Listen on this host's ports (`mine`: index -> port) and reach every port of `peers`
+    ([index, address, port, group] for the whole cluster) that one of this host's tasks talks to.
+
+    Done when every target answered and every listener heard from every group that talks to it, or
+    after `seconds` with no progress (hosts start their checks at different times), 4 x `seconds` at
+    most. Per task of this host: {"listen_error", "unreached": {j: {"address", "reason"}}}."""
+    start = time.monotonic()
+    until = [start + seconds]
+
+    def progress() -> None:
+        until[0] = min(start + 4 * seconds, time.monotonic() + seconds)
+
+    def left() -> float:
+        return until[0] - time.monotonic()
+
+    lock = threading.Lock()
+    heard: dict[int, set[int]] = {i: set() for i in mine}
+    expect = {i: {g for j, _a, _p, g in peers if j != i} for i in mine}  # the groups that connect to i
+    out = {str(i): {"listen_error": None, "unreached": {}} for i in mine}
+    dual = socket.has_dualstack_ipv6()
+
+    def serve_one(i: int, conn: socket.socket) -> None:
+        """Hello '<token> <group>' in, '<token> ok' out; the peer closes first (no TIME_WAIT here)."""
         try:
-            conn.settimeout(max(0.5, deadline - time.monotonic()))
+            conn.settimeout(max(0.5, left()))
             data = b""
             while not data.endswith(b"\n") and len(data) < 200:
                 chunk = conn.recv(200)
@@ -171,7 +240,8 @@ def mesh(port: int, token: str, index: int, peers: dict[int, str], seconds: floa
             if len(words) == 2 and words[0] == token and words[1].isdigit():
                 conn.sendall(f"{token} ok\n".encode())
                 with lock:
-                    heard.add(int(words[1]))
+                    heard[i].add(int(words[1]))
+                    progress()
                 while conn.recv(200):
                     pass
         except OSError:
@@ -179,78 +249,94 @@ def mesh(port: int, token: str, index: int, peers: dict[int, str], seconds: floa
         finally:
             conn.close()
 
-    def accept() -> None:
+    def accept(i: int, server: socket.socket) -> None:
         while True:
             try:
                 conn, _addr = server.accept()
             except OSError:
                 return
-            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+            threading.Thread(target=serve_one, args=(i, conn), daemon=True).start()
 
-    if server is not None:
-        threading.Thread(target=accept, daemon=True).start()
+    servers = []
+    failed: dict[int, str] = {}
+    for i, port in mine.items():
+        try:  # all addresses, like TensorFlow's gRPC server (IPv6 too where the host has it)
+            server = socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET,
+                                          backlog=128, dualstack_ipv6=dual)
+        except OSError as exc:
+            out[str(i)]["listen_error"] = failed[i] = exc.strerror or str(exc)
+            expect[i] = set()
+            continue
+        servers.append(server)
+        threading.Thread(target=accept, args=(i, server), daemon=True).start()
 
-    pending = dict(peers)
-    last: dict[int, str] = {}
-    while pending and time.monotonic() < deadline:
-        for j, address in list(pending.items()):
-            host, _, p = address.rpartition(":")
+    def reach(j: int, host: str, port: int) -> None:
+        """Connect to j until its listener answers (each peer on its own thread: one that times out
+        does not hold up the others); not up yet or not reachable: tried again, less and less often."""
+        pause, reason = 0.1, "not tried before the deadline"
+        while left() > 0:
             try:
-                with socket.create_connection((host.strip("[]"), int(p)),
-                                              timeout=max(0.2, min(2.0, deadline - time.monotonic()))) as c:
-                    c.settimeout(max(0.2, min(2.0, deadline - time.monotonic())))
-                    c.sendall(f"{token} {index}\n".encode())
-                    answer = c.makefile("rb").readline(200).decode("ascii", "replace").split()
-                if answer == [token, "ok"]:
-                    del pending[j]
-                    result["reached"].append(j)
-                else:
-                    last[j] = "something else answers on that address and port (not this check's listener)"
+                c = socket.create_connection((host.strip("[]"), port), timeout=max(0.2, min(2.0, left())))
             except OSError as exc:
-                last[j] = _connect_reason(exc)
-        if pending:
-            time.sleep(0.1)
-    result["unreached"] = {str(j): {"address": a, "reason": last.get(j, "not tried before the deadline")}
-                           for j, a in pending.items()}
-    while server is not None and time.monotonic() < deadline:  # stay up until every peer reached us
+                reason = _connect_reason(exc)
+                time.sleep(min(pause, max(0.0, left())))
+                pause = min(1.0, pause * 1.5)
+                continue
+            with c:  # our listeners answer at once: anything else is a holder of that port
+                try:
+                    c.settimeout(ANSWER_S)
+                    c.sendall(f"{token} {group}\n".encode())
+                    answer = c.makefile("rb").readline(200).decode("ascii", "replace").split()
+                except OSError:
+                    answer = []
+            with lock:
+                progress()
+            if answer == [token, "ok"]:
+                return
+            reason = FOREIGN
+            break
         with lock:
-            if heard >= set(peers):
+            failed[j] = reason
+
+    reachers = [threading.Thread(target=reach, args=(j, address, port), daemon=True)
+                for j, address, port, _g in peers if j not in failed and any(i != j for i in mine)]
+    for t in reachers:
+        t.start()
+    for t in reachers:
+        t.join()
+    while servers and left() > 0:  # stay up until every peer reached us
+        with lock:
+            if all(heard[i] >= expect[i] for i in mine):
                 break
         time.sleep(0.02)
-    if server is not None:
+    for server in servers:
         server.close()
     time.sleep(0.05)  # let the last answers go out before the process ends
-    with lock:
-        result["heard_from"] = sorted(heard)
-    return result
+    where = {j: f"{address}:{port}" for j, address, port, _g in peers}
+    for i in mine:
+        out[str(i)]["unreached"] = {str(j): {"address": where[j], "reason": why}
+                                    for j, why in sorted(failed.items()) if j != i}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, action="append", default=[])
+    parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__)
+    parser.add_argument("--task", action="append", default=[], type=json.loads, metavar="JSON",
+                        help='one task: {"index", "port", "cwd"?, "writable": [...], "gpus"?: [...]}')
     parser.add_argument("--entrypoint")
     parser.add_argument("--program")
-    parser.add_argument("--gpus", default="")
-    parser.add_argument("--writable", action="append", default=[])
-    parser.add_argument("--listen", type=int, metavar="PORT", help="cluster check: listen on PORT")
+    parser.add_argument("--mesh", type=json.loads, metavar="PEERS", help="cluster check: every task's "
+                        "[index, address, port, group], as JSON; this host's tasks listen on their ports and "
+                        "the host connects to every other task's port, as TensorFlow will")
+    parser.add_argument("--group", type=int, default=0, help="cluster check: this host's group id")
     parser.add_argument("--token", default="mgpu-doctor", help="cluster check: shared secret of this check")
-    parser.add_argument("--index", type=int, default=0, help="cluster check: this task's index")
-    parser.add_argument("--peer", action="append", default=[], metavar="J=ADDR:PORT",
-                        help="cluster check: another task's index and address")
     parser.add_argument("--seconds", type=float, default=8.0, help="cluster check: give up after this long")
     args = parser.parse_args(argv)
-    if args.listen is not None:
-        peers = {}
-        for item in args.peer:
-            j, _, address = item.partition("=")
-            if not j.isdigit() or ":" not in address:
-                parser.error(f"--peer {item!r}: give J=ADDR:PORT")
-            peers[int(j)] = address
-        print(json.dumps(mesh(args.listen, args.token, args.index, peers, args.seconds)), flush=True)
-        return 0
-    gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
-    print(json.dumps(doctor(args.port, args.entrypoint, args.program, gpus, args.writable)))
+    report = check_tasks(args.task, args.entrypoint, args.program)
+    if args.mesh is not None:
+        mine = {t["index"]: t["port"] for t in args.task}
+        report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
+    print(json.dumps(report), flush=True)
     return 0
 
 
