@@ -29,6 +29,8 @@ BAD = [
     ("port-string", '[[hosts]]\naddress = "a"\nport = "20000"\n' + TRAIN, "hosts[0].port"),
     ("port-float", '[[hosts]]\naddress = "a"\nport = 20000.5\n' + TRAIN, "hosts[0].port"),
     ("duplicate-host-port", HOST0 + HOST0 + TRAIN, "hosts[1]"),
+    ("duplicate-host-name", HOST0 + 'name = "a"\n' + HOST1 + 'name = "a"\n' + TRAIN, "hosts[1]: name 'a'"),
+    ("min-hosts-above-hosts", HOST0 + TRAIN + "[launch]\nmin_hosts = 2\n", "min_hosts = 2"),
     ("unknown-host-key", HOST0 + 'prot = 3\n' + TRAIN, "did you mean 'port'"),
     ("unknown-training-key", GOOD + "epoch = 3\n", "did you mean 'epochs'"),
     ("unknown-section", GOOD + "[lanch]\nmax_restarts = 1\n", "did you mean 'launch'"),
