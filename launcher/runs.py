@@ -33,6 +33,8 @@ def _engine(run: record.RunRecord) -> Engine:
 def _task_state(row: dict) -> TaskState:
     if row.get("alive"):
         return TaskState.RUNNING
+    if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
+        return TaskState(row["state"])
     code = row.get("exit_code")
     if code is None:
         return TaskState.LOST
@@ -61,7 +63,7 @@ def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.Ru
                 continue
             task.state = _task_state(res.value)
             task.exit_code = res.value.get("exit_code")
-            alive |= task.state == TaskState.RUNNING
+            alive |= task.state in (TaskState.RUNNING, TaskState.PENDING)
         if not alive:
             run.state = (RunState.SUCCEEDED if all(t.state == TaskState.SUCCEEDED for t in run.tasks)
                          else RunState.LOST)
@@ -104,45 +106,71 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
             "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome, "reason": a.reason,
                           "started_at": a.started_at, "ended_at": a.ended_at} for a in run.attempts],
-            "tasks": tasks}
+            "tasks": tasks,
+            # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
+            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}
+
+
+def _job_line(snap: dict) -> str | None:
+    job = snap.get("job")
+    if not job:
+        return None
+    reason = f" ({job['reason']})" if job.get("reason") else ""
+    return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
+
+
+def _render(snap: dict, width: int):
+    from rich.console import Group
+    from rich.text import Text
+
+    lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
+    if snap["failure"]:
+        lines.append(Text(snap["failure"]))
+    return Group(status_table(snap, width), *lines)
+
+
+def _plain(snap: dict) -> str:
+    lines = [status_plain(snap)]
+    lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
+    return "\n".join(lines + ([snap["failure"]] if snap["failure"] else []))
 
 
 def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
     out = Output(threaded=False)
     run = record.load(run_id)
-    while True:
-        probes = None
-        if not run.ended and not record.launcher_alive(run):
-            run, probes = settle(run)
-        elif probe:
-            engine = _engine(run)
-            try:
-                probes = engine.probe(list(range(len(run.tasks))))
-            finally:
-                engine.close()
-        snap = snapshot(run, probes)
-        if as_json:
-            print(json.dumps(snap), flush=True)
-        elif out.console.is_terminal:
-            if watch:
-                out.console.clear()
-            out.show(status_table(snap, out.console.width))
-            for a in snap["attempts"][:-1]:
-                if a["reason"]:
-                    out.console.print(f"attempt {a['number']} {a['outcome']}: {a['reason']}", markup=False)
-            if snap["failure"]:
-                out.console.print(snap["failure"], markup=False)
-        else:
-            print(status_plain(snap))
-            for a in snap["attempts"][:-1]:
-                if a["reason"]:
-                    print(f"attempt {a['number']} {a['outcome']}: {a['reason']}")
-            if snap["failure"]:
-                print(snap["failure"])
-        if not watch or snap["state"] in ("succeeded", "failed", "stopped", "lost"):
-            return
-        time.sleep(2.0)
-        run = record.load(run.run_id)
+    live = None
+    if watch and not as_json and out.console.is_terminal:
+        from rich.live import Live
+
+        live = Live(console=out.console, auto_refresh=False)  # redrawn in place
+        live.start()
+    try:
+        while True:
+            probes = None
+            if not run.ended and not record.launcher_alive(run):
+                run, probes = settle(run)
+            elif probe:
+                engine = _engine(run)
+                try:
+                    probes = engine.probe(list(range(len(run.tasks))))
+                finally:
+                    engine.close()
+            snap = snapshot(run, probes)
+            if as_json:
+                print(json.dumps(snap), flush=True)
+            elif live is not None:
+                live.update(_render(snap, out.console.width), refresh=True)
+            elif out.console.is_terminal:
+                out.show(_render(snap, out.console.width))
+            else:
+                print(_plain(snap), flush=True)
+            if not watch or snap["state"] in ("succeeded", "failed", "stopped", "lost"):
+                return
+            time.sleep(2.0)
+            run = record.load(run.run_id)
+    finally:
+        if live is not None:
+            live.stop()
 
 
 def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail: int | None = None) -> None:
