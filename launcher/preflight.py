@@ -11,10 +11,7 @@ import posixpath
 import re
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +20,7 @@ from typing import Callable
 
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
-from launcher.transport import LocalTransport, Transport
+from launcher.transport import LocalTransport, Transport, parallel
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
@@ -42,73 +39,9 @@ class TaskCheck:
         return not self.problems
 
 
-class Children:
-    """The subprocesses preflight started, each in its own session; all killed when it is interrupted."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.procs: set[subprocess.Popen] = set()
-        self.stopping = False
-
-    def run(self, argv: list[str], cwd: str | None, timeout: float) -> tuple[int, str, str]:
-        with self.lock:
-            if self.stopping:
-                raise RuntimeError("preflight was interrupted")
-            try:
-                proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-            except FileNotFoundError as exc:
-                if cwd and exc.filename == cwd:
-                    return 1, "", f"cd: {cwd}: No such file or directory"
-                return 127, "", f"{argv[0]}: not found"
-            except PermissionError:
-                return 126, "", f"{argv[0]}: permission denied"
-            self.procs.add(proc)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(proc)
-            out, err = proc.communicate()
-            err += f"\ndid not finish within {timeout:g} s"
-        finally:
-            with self.lock:
-                self.procs.discard(proc)
-        return proc.returncode, out, err
-
-    @staticmethod
-    def kill(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def kill_all(self) -> None:
-        with self.lock:
-            self.stopping = True
-            for proc in self.procs:
-                self.kill(proc)
-
-
-def each(fn: Callable, items: list, width: int, children: Children) -> list[tuple]:
-    """fn over items, `width` at a time: (value, None) or (None, error message) per item, in order.
-    Interrupted (Ctrl-C): every subprocess is killed and the interrupt goes on."""
-    if not items:
-        return []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(width, len(items))))
-    try:
-        futures = [pool.submit(fn, item) for item in items]
-        out = []
-        for f in futures:
-            try:
-                out.append((f.result(), None))
-            except Exception as exc:  # kept per item: one host's failure never hides another's
-                out.append((None, str(exc)))
-        return out
-    except BaseException:
-        children.kill_all()
-        raise
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+def each(fn: Callable, items: list, width: int) -> list[tuple]:
+    """fn over items, `width` at a time: (value, None) or (None, error message) per item, in order."""
+    return [(r.value, None) if r.ok else (None, str(r.error)) for r in parallel(fn, items, width)]
 
 
 # --------------------------------------------------------------------------- what runs where
@@ -187,7 +120,7 @@ def workdir_missing(plan: TaskPlan) -> str:
             "(or list files under 'sync', which creates it)")
 
 
-def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport, children: Children,
+def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
                 mesh: list[str] | None) -> dict:
     """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks."""
     if isinstance(transport, LocalTransport) and same_interpreter(group[0]):
@@ -201,7 +134,7 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport, 
     timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
     lead = group[0] if shared_cwd else dataclasses.replace(group[0], cwd=None)
     if isinstance(transport, LocalTransport):
-        code, out, err = children.run(argv, lead.cwd, timeout)
+        code, out, err = transport.call(lead, argv, timeout)
     else:
         code, out, err = transport.call(lead, argv, timeout)
     problem = report_problem(group[0], shared_cwd, code, out, err)
@@ -267,7 +200,7 @@ def sync_files(items: list[str], base: Path) -> tuple[list[tuple[str, str]], lis
 
 
 def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
-             say: Callable[[str], None], children: Children) -> dict[int, str]:
+             say: Callable[[str], None]) -> dict[int, str]:
     """Copy the sync files to each remote (host, workdir) once; problems by task index."""
     files, problems = sync_files(spec.sync, base)
     if problems:
@@ -282,7 +215,7 @@ def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpor
         return transports[group[0].index].sync(files, group[0].cwd), time.monotonic() - t0
 
     found = {}
-    for group, (res, error) in zip(found_groups, each(one, found_groups, HOSTS_AT_ONCE, children)):
+    for group, (res, error) in zip(found_groups, each(one, found_groups, HOSTS_AT_ONCE)):
         if error is not None:
             found.update({p.index: error for p in group})
         elif res[0] is not None:
@@ -325,7 +258,6 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
               say: Callable[[str], None] | None = None) -> list[TaskCheck]:
     """Every check, hosts in parallel; `base` (the spec's folder) enables `sync`."""
     say = say or (lambda _msg: None)
-    children = Children()
     checks = [TaskCheck(p) for p in plans]
     addressing = address_problems(plans)
     for index, problem in addressing.items():
@@ -333,7 +265,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
 
     remote = [t for t in dict.fromkeys(transports) if not isinstance(t, LocalTransport)]
     t0 = time.monotonic()
-    reached = dict(zip(remote, each(lambda t: t.connect(), remote, HOSTS_AT_ONCE, children)))
+    reached = dict(zip(remote, each(lambda t: t.connect(), remote, HOSTS_AT_ONCE)))
     if remote and all(error is None for _v, error in reached.values()):
         say(f"connected to {len(remote)} host(s) in {time.monotonic() - t0:.2f} s")
     for c, t in zip(checks, transports):
@@ -343,7 +275,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
         return checks  # nothing more is done on any host when one cannot be reached
 
     if spec.sync and base is not None:
-        for index, problem in run_sync(spec, plans, transports, base, say, children).items():
+        for index, problem in run_sync(spec, plans, transports, base, say).items():
             checks[index].problems.append(problem)
         if not all(c.ok for c in checks):
             return checks
@@ -352,8 +284,8 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
     with_mesh = bool(remote) and len(plans) > 1 and not addressing
     mesh = mesh_args(spec, plans, found_groups) if with_mesh else None
     t0 = time.monotonic()
-    results = each(lambda g: check_group(spec, g, transports[g[0].index], children, mesh), found_groups,
-                   len(found_groups) if with_mesh else HOSTS_AT_ONCE, children)  # the mesh needs all at once
+    results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh), found_groups,
+                   len(found_groups) if with_mesh else HOSTS_AT_ONCE)  # the mesh needs all at once
     meshes = {}
     for group, (report, error) in zip(found_groups, results):
         problem = error or (report or {}).get("problem")

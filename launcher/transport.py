@@ -35,8 +35,8 @@ class Result(Generic[T]):
         return self.error is None
 
 
-def parallel(fn: Callable[[Any], T], items: list) -> list[Result[T]]:
-    """fn over items in threads (at most MAX_THREADS at once); every item's Result, in order:
+def parallel(fn: Callable[[Any], T], items: list, width: int = MAX_THREADS) -> list[Result[T]]:
+    """fn over items in threads (at most `width` at once); every item's Result, in order:
     one host's failure never hides another's."""
     def one(item) -> Result[T]:
         try:
@@ -46,7 +46,7 @@ def parallel(fn: Callable[[Any], T], items: list) -> list[Result[T]]:
 
     if len(items) <= 1:
         return [one(i) for i in items]
-    pool = ThreadPoolExecutor(min(MAX_THREADS, len(items)))
+    pool = ThreadPoolExecutor(max(1, min(width, len(items))))
     try:
         return list(pool.map(one, items))
     finally:  # on Ctrl-C, return at once: the caller's close() ends what the threads wait on
@@ -144,20 +144,30 @@ class LocalTransport(Transport):
 
     def __init__(self):
         self.calls: set[subprocess.Popen] = set()  # short commands running now: close() ends them
+        self.lock = threading.Lock()
+        self.closed = False
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        try:
-            proc = subprocess.Popen(argv, cwd=plan.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)  # Ctrl-C reaches us, and we stop it
-        except FileNotFoundError as exc:
-            if plan.cwd and exc.filename == plan.cwd:
-                return 1, "", f"cd: {plan.cwd}: No such file or directory"
-            return 127, "", f"{argv[0]}: not found"
-        except PermissionError:
-            return 126, "", f"{argv[0]}: permission denied"
-        self.calls.add(proc)
+        with self.lock:  # a close() (Ctrl-C) never misses a command that is just starting
+            if self.closed:
+                raise RuntimeError("interrupted")
+            try:
+                proc = subprocess.Popen(argv, cwd=plan.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, errors="replace",
+                                        start_new_session=True)  # Ctrl-C reaches us, and we stop it
+            except FileNotFoundError as exc:
+                if plan.cwd and exc.filename == plan.cwd:
+                    return 1, "", f"cd: {plan.cwd}: No such file or directory"
+                return 127, "", f"{argv[0]}: not found"
+            except PermissionError:
+                return 126, "", f"{argv[0]}: permission denied"
+            self.calls.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            err += f"\ndid not finish within {timeout:g} s"
         except BaseException:
             _kill_group(proc)
             raise
@@ -166,7 +176,10 @@ class LocalTransport(Transport):
         return proc.returncode, out, err
 
     def close(self) -> None:
-        for proc in list(self.calls):
+        with self.lock:
+            self.closed = True
+            calls = list(self.calls)
+        for proc in calls:
             _kill_group(proc)
 
     def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
@@ -205,7 +218,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the whole group (a shell and its sleep)
     except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _abs(plan: TaskPlan) -> str:
