@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The peer: the bench job through Ray Train's TensorflowTrainer, 2 CPU workers on this machine.
 
-    bench/.venv-ray/bin/python bench/ray_peer.py [--storage DIR] -- JOB-ARGS...
+    bench/.venv-ray/bin/python bench/jobs/ray_peer.py [--storage DIR] -- JOB-ARGS...
 
-JOB-ARGS are bench/jobs/train.py's (e.g. --model mnist --batch 64 --steps 300 --warmup 5); each
+JOB-ARGS are those of train.py beside it (e.g. --model mnist --batch 64 --steps 300 --warmup 5); each
 Ray worker calls its `run()` with the TF_CONFIG that Ray sets. Run it with the interpreter of
-its own venv (bench/run.py makes bench/.venv-ray with `pip install "ray[train]"`); Ray is not
+its own venv (bench/ray.py makes bench/.venv-ray with `pip install "ray[train]"`); Ray is not
 one of mgpu-cluster's dependencies.
 """
 
@@ -22,7 +22,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs")
+JOBS = os.path.dirname(os.path.abspath(__file__))
 
 
 def train_loop(config: dict) -> None:

@@ -6,8 +6,8 @@
 
 One task -> the default strategy; several (TF_CONFIG) -> MultiWorkerMirroredStrategy (ring
 all-reduce over gRPC). Samples/s is measured inside the worker over the steady-state steps
-after `--warmup` and printed, with timings, as one line `BENCH {json}` (parsed by bench/run.py).
-`run(args)` is also what bench/ray_peer.py calls inside Ray Train's workers.
+after `--warmup` and printed, with timings, as one line `BENCH {json}` (parsed by the bench package).
+`run(args)` is also what ray_peer.py (beside it) calls inside Ray Train's workers.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
             now = time.time()
             times.append(now)
             if len(times) == 1:
-                print("BENCH-READY first step done", flush=True)  # bench/run.py waits for this line
+                print("BENCH-READY first step done", flush=True)  # bench/failure.py waits for this line
             if len(times) == 1 or len(times) % 10 == 0 or len(times) == args.steps:
                 write_progress({"state": "training", "epoch": 1, "epochs": 1, "step": len(times),
                                 "global_step": len(times), "steps_per_epoch": args.steps, "time": now})

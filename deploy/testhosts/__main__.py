@@ -1,0 +1,7 @@
+"""python -m testhosts (from deploy/): the same CLI as python deploy/testhosts.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
