@@ -147,6 +147,8 @@ class Agent:
         self.owner.save()
         self.live = {p.index for p in self.plans}
         failed = self.engine.start(number, _AttemptSink(self, number))
+        if self.engine.restarts_itself:  # a scheduler's start() returns once its job left the queue:
+            spawn_at = time.time()  # time in the queue is no start-up hang
         failure = "\n".join(f"{self.plan_of[i].label} could not be started: {why}" for i, why in sorted(failed.items()))
         for i in failed:  # every host's outcome: one that fails to start must not hide another
             self.live.discard(i)
@@ -171,9 +173,10 @@ class Agent:
                 return "succeeded", None
             self.owner.save(every=SAVE_EVERY_S)
         self.end_attempt("failed", failure)
-        self.out.say(f"attempt {number} failed: stopping every task")
-        with interrupts.shield(self.out.say):
-            self.teardown("another task failed")
+        if not self.engine.restarts_itself:  # else the scheduler ends the attempt and starts the next itself;
+            self.out.say(f"attempt {number} failed: stopping every task")  # execute() stops the rest if none follows
+            with interrupts.shield(self.out.say):
+                self.teardown("another task failed")
         return "failed", failure
 
     def wind_down(self, number: int) -> tuple[str, str]:
@@ -182,8 +185,9 @@ class Agent:
         reason = (f"{', '.join(names) or 'a task'} got notice to stop (SIGTERM from its host or scheduler) and "
                   "the group saved a checkpoint")
         self.end_attempt("preempted", reason)
-        with interrupts.shield(self.out.say):
-            self.teardown("the group was preempted")
+        if not self.engine.restarts_itself:
+            with interrupts.shield(self.out.say):
+                self.teardown("the group was preempted")
         return "preempted", reason
 
     def end_attempt(self, outcome: str, reason: str | None) -> None:
@@ -200,6 +204,8 @@ class Agent:
             task.supervisor_pid, task.started_at = ev.supervisor_pid, now
             if ev.host:
                 task.host = ev.host
+            if ev.port:
+                task.port = ev.port
             if all(self.run.tasks[p.index].state == TaskState.RUNNING for p in self.plans):
                 self.run.state = RunState.RUNNING
                 self.mark_phase("all_started")

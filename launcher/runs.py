@@ -126,11 +126,13 @@ def _render(snap: dict, width: int):
     lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
     if snap["failure"]:
         lines.append(Text(snap["failure"]))
+    if _job_line(snap):
+        lines.insert(0, Text(_job_line(snap)))
     return Group(status_table(snap, width), *lines)
 
 
 def _plain(snap: dict) -> str:
-    lines = [status_plain(snap)]
+    lines = [status_plain(snap), *filter(None, [_job_line(snap)])]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     return "\n".join(lines + ([snap["failure"]] if snap["failure"] else []))
 
@@ -149,7 +151,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             probes = None
             if not run.ended and not record.launcher_alive(run):
                 run, probes = settle(run)
-            elif probe:
+            elif probe or run.engine == "slurm":  # asking Slurm and a shared folder is cheap
                 engine = _engine(run)
                 try:
                     probes = engine.probe(list(range(len(run.tasks))))

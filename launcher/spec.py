@@ -130,16 +130,123 @@ class Launch(_Model):
     min_hosts: Optional[PositiveInt] = None  # elastic: go on with this many hosts when others are lost
 
 
+# Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds; or no limit
+SlurmTime = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|INFINITE|UNLIMITED)$")
+SlurmName = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# sbatch options that [slurm] sets itself (or that mgpu-cluster relies on): refused in `sbatch`
+SBATCH_OWN = {
+    "-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition", "-t": "time",
+    "--time": "time", "--gpus-per-node": "gpus_per_node", "-D": "workdir", "--chdir": "workdir",
+    "-J": "", "--job-name": "", "-o": "", "--output": "", "-e": "", "--error": "", "-n": "", "--ntasks": "",
+    "--ntasks-per-node": "", "-a": "", "--array": "", "--open-mode": "", "--parsable": "", "--wrap": "",
+    "--test-only": "", "-W": "", "--wait": "", "-H": "", "--hold": "",
+}
+
+
+def _no_control(value: str) -> bool:
+    return not any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
+class Slurm(_Model):
+    """A Slurm cluster: one task per node, the run's files in `workdir` (seen by every node)."""
+
+    nodes: PositiveInt
+    workdir: str
+    partition: Optional[str] = None  # None: the cluster's default partition
+    time: Optional[str] = None  # Slurm's format, e.g. "30", "2:00:00", "1-12:00:00"; None: the partition's default
+    gpus_per_node: Annotated[int, Field(ge=0)] = 0
+    python: str = "python3"
+    port: Optional[Port] = None  # None: 20000 + job id % 10000 (two jobs on one node do not collide)
+    sbatch: list[str] = []
+    env: Optional[dict[str, str]] = None
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value):
+        if not value.strip() or not _no_control(value):
+            raise ValueError("must be a folder path (no control characters)")
+        if not (value.startswith("/") or value.startswith("~")):
+            raise ValueError(f"{value!r} must be an absolute path (or start with ~) of a folder that every node "
+                             "sees, e.g. a home or project folder on shared storage")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value):
+        if not value.strip() or not _no_control(value):
+            raise ValueError("must be the interpreter's name or path on the nodes, e.g. \"python3\"")
+        return value
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value):
+        if value is not None and not SlurmName.match(value):
+            raise ValueError(f"{value!r} is not a partition name (letters, digits, '_', '.', '-')")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value):
+        if value is not None and not SlurmTime.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time limit: use minutes (\"30\"), \"hours:minutes:seconds\" "
+                             "(\"2:00:00\") or \"days-hours:minutes:seconds\" (\"1-12:00:00\")")
+        return value
+
+    @field_validator("sbatch")
+    @classmethod
+    def _sbatch(cls, value):
+        for i, opt in enumerate(value):
+            if not _no_control(opt) or not opt.strip():
+                raise ValueError(f"[{i}] {opt!r}: an option must be one line of text")
+            name = opt.split("=", 1)[0] if opt.startswith("--") else opt[:2]
+            if name in SBATCH_OWN:
+                key = SBATCH_OWN[name]
+                raise ValueError(f"[{i}] {opt!r}: " + (f"set it with [slurm].{key} instead" if key else
+                                 "mgpu-cluster sets this option itself"))
+            if i == 0 and not opt.startswith("-"):
+                raise ValueError(f"[0] {opt!r}: each entry is an sbatch option such as \"--account=proj\" "
+                                 "(a value may follow its option as the next entry)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env):
+        for key in env or {}:
+            if not EnvName.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return env
+
+
 class ClusterSpec(_Model):
-    hosts: list[Host] = Field(min_length=1)
+    hosts: Optional[list[Host]] = Field(default=None, min_length=1)
+    slurm: Optional[Slurm] = None
     defaults: HostOptions = HostOptions()
     training: Training
     launch: Launch = Launch()
     sync: list[str] = []
 
     @model_validator(mode="after")
+    def _one_engine(self):
+        """Exactly one of [[hosts]] (machines named here) and [slurm] (nodes Slurm picks)."""
+        if (self.hosts is None) == (self.slurm is None):
+            raise ValueError("set exactly one of [[hosts]] (the machines to train on, named here) or [slurm] "
+                             "(a Slurm cluster that picks the nodes); see cluster.example.toml and "
+                             "cluster.slurm.toml")
+        if self.slurm is not None:
+            for key, why in (("defaults", "set python and env in [slurm]"),
+                             ("sync", "[slurm].workdir is shared by every node already")):
+                if key in self.model_fields_set:
+                    raise ValueError(f"{key}: not used with [slurm] ({why})")
+            if self.launch.min_hosts is not None:
+                raise ValueError("launch.min_hosts: elastic runs work with [[hosts]] only, not with [slurm]")
+        return self
+
+    @model_validator(mode="after")
     def _apply_defaults(self):
         """Fill each host's missing keys from [defaults]; env tables merge, the host winning."""
+        if self.hosts is None:
+            return self
         defaults = self.defaults.model_dump(exclude_none=True)
         hosts = []
         for host in self.hosts:
@@ -152,6 +259,8 @@ class ClusterSpec(_Model):
 
     @model_validator(mode="after")
     def _unique_tasks(self):
+        if self.hosts is None:
+            return self
         seen: dict[tuple[str, int], int] = {}
         for i, host in enumerate(self.hosts):
             key = (host.address, host.port)
@@ -175,7 +284,7 @@ class ClusterSpec(_Model):
 
     @property
     def num_workers(self) -> int:
-        return len(self.hosts)
+        return self.slurm.nodes if self.slurm is not None else len(self.hosts)
 
 
 def _where(loc: tuple) -> str:
@@ -190,7 +299,7 @@ def _where(loc: tuple) -> str:
     return out
 
 
-_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch}
+_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch, "slurm": Slurm}
 
 
 def _near_key(loc: tuple) -> str:

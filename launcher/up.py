@@ -57,6 +57,10 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     run_id = run_id or record.new_run_id()
     plans = plan_tasks(spec, run_id)
     if dry_run:
+        if spec.slurm is not None:  # the batch script, as it would be submitted
+            from launcher.engines.slurm import print_dry_run as slurm_dry_run
+
+            return slurm_dry_run(spec, plans, Output(threaded=False))
         return print_dry_run(plans, Output(threaded=False))
     if detach:
         from launcher.detach import start_detached
@@ -66,11 +70,13 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     run = owner.record
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
     engine = engine_for(spec, plans)
+    run.engine = engine.kind
     claims: list[record.Lock] = []
     t0 = time.time()
     try:
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
-        claims = record.claim_ports(run_id, plans)
+        if spec.slurm is None:  # with Slurm, the nodes (and so the host:port pairs) are Slurm's choice
+            claims = record.claim_ports(run_id, plans)
         checks = engine.preflight(Path(spec_path).parent, out.say)
         out.show(checks_table(checks))
         refuse(checks)

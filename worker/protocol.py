@@ -63,6 +63,7 @@ class Started(Event):
     supervisor_pid: int
     time: float
     host: str = ""  # where it runs, when the engine learns it only now (a scheduler's node)
+    port: int = 0  # its TF port, when the engine learns it only now (derived from a scheduler's job id)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class Engine(ABC):
 
 
 def engine_for(spec: ClusterSpec, plans: list[TaskPlan]) -> Engine:
+    if spec.slurm is not None:
+        from launcher.engines.slurm import SlurmEngine
+
+        return SlurmEngine(spec, plans)
     from launcher.engines.supervised import SupervisedEngine
 
     return SupervisedEngine(spec, plans)
