@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest_plugins = ["slurm_fixtures"]  # a real slurmctld + slurmd cluster (deploy/slurmcluster.py)
+
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 
