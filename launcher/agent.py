@@ -213,7 +213,10 @@ class Agent:
         elif isinstance(ev, protocol.Stats):
             task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
         elif isinstance(ev, protocol.Progress):
-            task.progress, task.heartbeat = ev.progress, now
+            task.progress, p = ev.progress, ev.progress
+            # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
+            if task.heartbeat or (p.get("global_step") or 0) > (p.get("first_global_step") or 0):
+                task.heartbeat = now
             if (ev.progress.get("global_step") or 0) > 0:
                 self.mark_phase("first_step")
         elif isinstance(ev, protocol.Exit):
@@ -250,7 +253,7 @@ class Agent:
             if task.state == TaskState.PENDING and task.index in self.live and now - spawn_at > launch.start_timeout:
                 task.state = TaskState.FAILED
                 return self.report(plan, f"did not start within start_timeout = {launch.start_timeout:g} s")
-        # the heartbeat counts from a task's first progress report (imports and set-up are no hang)
+        # the heartbeat is armed by on_event once the task has trained a step
         running = [self.run.tasks[p.index] for p in self.plans]
         running = [t for t in running if t.state == TaskState.RUNNING and t.heartbeat]
         if not any(now - t.heartbeat > launch.heartbeat_timeout for t in running):
