@@ -510,7 +510,7 @@ class SlurmEngine(Engine):
             if info and self._ended(info):
                 return {p.index: self._ended_reason(info) for p in self.plans}
             reason = info.get("Reason") if info else None
-            if state in QUEUED and reason != said and time.time() - t0 > 1.0:
+            if state in QUEUED and reason not in (None, "None", said):
                 said = reason
                 self.say(f"job {self.job_id} is waiting in the queue ({reason}); 'mgpu-cluster status' shows it, "
                          "Ctrl-C cancels it")
@@ -530,6 +530,8 @@ class SlurmEngine(Engine):
             return {p.index: f"cannot run srun: {exc.strerror}" for p in self.plans}
         finally:
             os.close(log)
+        self.say(f"inside allocation {self.job_id}: attempt {attempt} runs as an srun step of it "
+                 f"({job_name(self.run_id)})")
         self._ensure_thread()
         return {}
 
@@ -810,6 +812,11 @@ class SlurmEngine(Engine):
         self.closed.set()
         if self.thread is not None:
             self.thread.join(timeout=2.0)
+            if self.mode == "batch" and not self.stopping:  # every task ended by itself: so does the job, in a moment
+                deadline = time.time() + 10.0
+                while time.time() < deadline and (info := self._job_info()) and (
+                        not self._ended(info) or info.get("JobState") == "COMPLETING"):
+                    time.sleep(0.1)
         if self.srun is not None and self.srun.poll() is None:  # inside an allocation: our step goes with us
             self._cancel()
             try:

@@ -1,0 +1,380 @@
+"""The Slurm engine against a real slurmctld and two slurmd, each node in its own network namespace
+(tests/slurm_fixtures.py): `up` of a [slurm] spec, kill -9, down, Ctrl-C, restarts inside the job,
+bad [slurm] tables, a run inside an existing allocation. Plus the pure parts (TF_CONFIG, the script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
+from launcher.engines.slurm import batch_script, parse_time, plan_slurm, sbatch_options
+from launcher.spec import parse_spec
+from worker import slurm_task
+
+PY = sys.executable
+DIGITS = ["-m", "worker", "--entrypoint", "worker.examples.digits:task"]
+SLEEP = f'command = ["{PY}", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
+
+
+# --------------------------------------------------------------------------- pure: no cluster needed
+
+def test_tf_config_keeps_slurms_node_order_and_uses_addresses():
+    nodes = ["node9", "node10", "gpu-a"]  # Slurm's order: not sorted as strings
+    addrs = {"node9": "10.0.0.9", "node10": "10.0.0.10", "gpu-a": "fd00::7"}
+    for rank in range(3):
+        cfg = slurm_task.tf_config(nodes, addrs, 20007, rank)
+        assert cfg == {"cluster": {"worker": ["10.0.0.9:20007", "10.0.0.10:20007", "[fd00::7]:20007"]},
+                       "task": {"type": "worker", "index": rank}}
+    assert slurm_task.tf_config(["n1"], {}, 1, 0)["cluster"]["worker"] == ["n1:1"]  # no address: the name
+    with pytest.raises(ValueError):
+        slurm_task.tf_config(nodes, addrs, 20007, 3)
+    assert slurm_task.default_port(12345) == 22345 and slurm_task.default_port(7) == 20007
+    assert slurm_task.default_port(7) != slurm_task.default_port(8)  # jobs sharing a node differ
+    text = "NodeName=node1 Arch=x86_64 NodeAddr=198.18.1.11 NodeHostName=node1\nNodeName=node2 NodeAddr=h2 X=1\n"
+    assert slurm_task.parse_nodes(text) == {"node1": "198.18.1.11", "node2": "h2"}
+    env = slurm_task.task_environment({"MGPU_RUN_ID": "r", "A": "1"}, ["a", "b"], {"a": "1.1.1.1"}, 5, 1, "/x/task-1")
+    assert json.loads(env.pop("TF_CONFIG"))["task"]["index"] == 1
+    assert env == {"MGPU_RUN_ID": "r", "A": "1", "MGPU_TASK_INDEX": "1", "MGPU_NUM_WORKERS": "2",
+                   "MGPU_RUN_DIR": "/x/task-1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def test_tf_config_round_trips_through_tensorflow(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    nodes, addrs = ["node2", "node10"], {"node2": "10.1.0.2", "node10": "10.1.0.10"}
+    for rank in range(2):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(slurm_task.tf_config(nodes, addrs, 20000, rank)))
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        assert resolver.cluster_spec().as_dict() == {"worker": ["10.1.0.2:20000", "10.1.0.10:20000"]}
+        assert (resolver.task_type, resolver.task_id) == ("worker", rank)
+
+
+def test_parse_time():
+    assert parse_time("30") == 1800 and parse_time("2:00:00") == 7200 and parse_time("5:30") == 330
+    assert parse_time("1-12") == 36 * 3600 and parse_time("1-00:00:10") == 86410
+    assert parse_time("UNLIMITED") is None and parse_time(None) is None
+
+
+def test_script_quotes_every_value(tmp_path):
+    """Spec values never become shell syntax: a workdir, an argument and sbatch options with spaces,
+    quotes and $(...) reach the job as they are (bash -n parses it; nothing runs)."""
+    work = tmp_path / "my runs $(touch pwned)"
+    spec = parse_spec({"slurm": {"nodes": 2, "workdir": str(work), "python": "/opt/py 3/bin/python",
+                                 "sbatch": ["--comment=a b; $(touch pwned)", "--account", "it's"]},
+                       "training": {"command": ["prog", "$(touch pwned)", "a'b", "`id`"]}})
+    script = batch_script(spec, "20260101-000000-abcd")
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert "'$(touch pwned)'" in script and "`id`" not in script.replace("'`id`'", "")
+    assert "#SBATCH --account" not in script  # a value with a quote: on the command line only
+    opts = sbatch_options(spec, "20260101-000000-abcd")
+    assert opts[-3:] == ["--comment=a b; $(touch pwned)", "--account", "it's"]  # argv, no shell
+    plan = plan_slurm(spec, "20260101-000000-abcd")[1]
+    assert plan.run_dir == f"{work}/.mgpu/runs/20260101-000000-abcd/task-1" and plan.label == "task 1 (slurm)"
+    assert not list(tmp_path.rglob("pwned"))
+
+
+@pytest.mark.parametrize("table,needle", [
+    ("nodes = 0\nworkdir = '/tmp'", "slurm.nodes"),
+    ("nodes = 2\nworkdir = '/tmp'\npartiton = 'debug'", "did you mean 'partition'"),
+    ("nodes = 2", "slurm.workdir: required"),
+    ("nodes = 2\nworkdir = 'runs'", "absolute path"),
+    ("nodes = 2\nworkdir = '/tmp'\ntime = '2 hours'", "slurm.time"),
+    ("nodes = 2\nworkdir = '/tmp'\nsbatch = ['--nodes=4']", "set it with [slurm].nodes"),
+    ("nodes = 2\nworkdir = '/tmp'\nport = 70000", "slurm.port"),
+])
+def test_bad_slurm_table_is_refused_by_validation(cli, tmp_path, table, needle):
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(f"[slurm]\n{table}\n[training]\n{SLEEP}\n")
+    r = cli("up", spec, timeout=60)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert not (cli.home / "runs").exists() or not list((cli.home / "runs").glob("*/state.json"))
+
+
+def test_hosts_and_slurm_together_refused(cli, tmp_path):
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(f'[[hosts]]\naddress = "localhost"\nport = 20000\n[slurm]\nnodes = 2\nworkdir = "/tmp"\n'
+                    f"[training]\n{SLEEP}\n")
+    r = cli("check", spec, timeout=60)
+    assert r.returncode == 2 and "exactly one of [[hosts]]" in r.stderr and "[slurm]" in r.stderr
+
+
+# --------------------------------------------------------------------------- against a real Slurm
+
+@pytest.fixture
+def sc(slurm_cluster, cli):
+    """The session's cluster, clients pointed at it; every job of a test ends with the test."""
+    cli.env.update(slurm_cluster.env)
+    yield slurm_cluster
+    slurm_cluster.command("scancel", "--user=root", check=False)
+    wait_for(lambda: not slurm_cluster.command("squeue", "-h", check=False).stdout.strip(), 60, "no jobs left")
+    wait_for(lambda: set(slurm_cluster.node_states().values()) == {"idle"}, 30, "idle nodes")
+
+
+def write_spec(tmp_path: Path, training: str, slurm: str = "", launch: str = "", nodes: int = 2,
+               partition: str = "debug") -> Path:
+    shared = tmp_path / "shared"  # every node sees it (the namespaces share the file system)
+    shared.mkdir(exist_ok=True)
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'[slurm]\nnodes = {nodes}\nworkdir = "{shared}"\npartition = "{partition}"\npython = "{PY}"\n'
+                    f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2", MY_TOKEN = "hunter2" }}\n{slurm}\n'
+                    f"[training]\n{training}\n[launch]\n{launch}\n")
+    return path
+
+
+def digits(*extra: str) -> str:
+    return "command = " + json.dumps([PY, *DIGITS, "--batch-size-per-replica", "32", "--learning-rate", "0.002",
+                                      *extra])
+
+
+def status_json(cli) -> dict:
+    r = cli("status", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def progress(task: dict) -> dict:
+    try:
+        return json.loads((Path(task["run_dir"]) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def task_info(task: dict) -> dict:
+    return json.loads((Path(task["run_dir"]) / "task.json").read_text())
+
+
+def training(cli, epoch: int = 1):
+    """The newest run's state once both tasks train (task 1 at `epoch` or later)."""
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all((progress(t).get("global_step") or 0) > 0 for t in st["tasks"]) \
+            and progress(st["tasks"][1]).get("epoch", 0) >= epoch:
+        return st
+    return None
+
+
+def our_jobs(sc) -> list[str]:
+    """Every mgpu job the controller knows (finished ones too: MinJobAge is an hour)."""
+    return [n for n in sc.command("squeue", "-h", "-t", "all", "-o", "%j").stdout.split() if n.startswith("mgpu-")]
+
+
+def job_state(sc, job_id: str, *final: str) -> str:
+    """The job's state; with `final` states, once it reached one of them (COMPLETING passes in seconds)."""
+    state = lambda: (sc.job(job_id) or {}).get("JobState", "")  # noqa: E731
+    return wait_for(lambda: state() in final and state(), 20, f"job {job_id} in {final}") if final else state()
+
+
+def test_up_trains_digits_on_two_nodes_with_equal_weights(sc, cli, tmp_path):
+    weights = tmp_path / "shared" / "weights-{task}.npz"
+    spec = write_spec(tmp_path, digits("--epochs", "5", "--save-weights", str(weights)))
+    dry = cli("up", "--dry-run", spec, timeout=60)
+    assert dry.returncode == 0 and "srun --kill-on-bad-exit=1" in dry.stdout and "#!/bin/bash" in dry.stdout
+    assert "MY_TOKEN=****" in dry.stdout and "hunter2" not in dry.stdout and not our_jobs(sc)
+    r = cli("up", spec, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "task0 node1 |" in out and "task1 node2 |" in out and not launcher_traceback(out)
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["engine"] == "slurm", snap
+    assert [t["state"] for t in snap["tasks"]] == ["succeeded", "succeeded"]
+    assert snap["job"]["state"] == "completed"
+    for t in snap["tasks"]:
+        assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
+    # one job; the tasks on the two nodes at their own addresses, both on the port derived from the job id
+    infos = [task_info(t) for t in snap["tasks"]]
+    assert {i["job_id"] for i in infos} == {snap["job"]["id"]}
+    assert [(i["node"], i["address"]) for i in infos] == [tuple(n) for n in sc.nodes]
+    port = slurm_task.default_port(snap["job"]["id"])
+    assert [t["port"] for t in snap["tasks"]] == [port, port] and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
+    a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)  # synchronous: same weights
+    logs = cli("logs", "--task", "1", "--tail", "3", timeout=60)
+    assert logs.returncode == 0 and len(logs.stdout.strip().splitlines()) == 3
+    first_step = next(line for line in out.splitlines() if "phases:" in line)
+    print(f"\n{first_step}")  # 'to first step' counts from the submission (sbatch) to the first trained step
+    assert not wait_gone(cli.home, 10)
+
+
+def test_each_task_gets_the_environment_contract(sc, cli, tmp_path):
+    """A fixed port; TF_CONFIG and MGPU_* as each task saw them."""
+    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
+    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}", slurm="port = 23456")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = latest_state(cli)
+    workers = [f"{address}:23456" for _, address in sc.nodes]
+    for i, t in enumerate(st["tasks"]):
+        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
+        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+        assert (env["MGPU_RUN_ID"], env["MGPU_TASK_INDEX"], env["MGPU_NUM_WORKERS"]) == (st["run_id"], str(i), "2")
+        assert env["MGPU_RUN_DIR"] == t["run_dir"] and env["SLURMD_NODENAME"] == f"node{i + 1}"
+        assert (env["TF_USE_LEGACY_KERAS"], env["CUDA_VISIBLE_DEVICES"], env["MY_TOKEN"]) == ("1", "", "hunter2")
+        assert t["port"] == 23456
+
+
+def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, digits("--epochs", "200"))
+    took = {}
+
+    def kill_task_1(up, st):
+        victim, other = st["tasks"][1], st["tasks"][0]
+        survivors = [psutil.Process(other["pid"]), psutil.Process(other["supervisor_pid"])]
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.time()
+        _gone, alive = psutil.wait_procs(survivors, timeout=30)
+        took["other task"] = time.time() - t0
+        assert not alive
+        # every process of the run (tasks, their wrappers, the job's script and srun), but `up` itself
+        wait_for(lambda: not [p for p in run_processes(cli.home) if p.pid != up.pid], 30, "the run's processes gone")
+        took["every process"] = time.time() - t0
+
+    code, out = cli.up_while(spec, lambda: training(cli), kill_task_1, "both tasks training")
+    assert code == 1, out
+    failure = latest_state(cli)["failure"]
+    assert failure.startswith("task 1 (node2:") and "SIGKILL" in failure, failure
+    assert "task 1" in out and not launcher_traceback(out)
+    job = latest_state(cli)
+    job_id = task_info(job["tasks"][0])["job_id"]
+    wait_for(lambda: job_id not in sc.command("squeue", "-h", "-o", "%i").stdout.split(), 10, "the job off squeue")
+    assert job_state(sc, job_id, "FAILED", "CANCELLED")
+    assert not wait_gone(cli.home, 5)
+    print(f"\nkill -9 of task 1: task 0 gone after {took['other task']:.2f} s, every process of the run after "
+          f"{took['every process']:.2f} s")
+    assert took["every process"] < 10.0, took  # typically ~1 s; a wide margin on 2 shared cores
+
+
+def test_down_cancels_a_detached_run(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP)
+    r = cli("up", "--detach", spec, timeout=300)
+    assert r.returncode == 0 and "running detached" in r.stdout, r.stdout + r.stderr
+    snap = status_json(cli)
+    assert snap["state"] == "running" and [t["state"] for t in snap["tasks"]] == ["running", "running"]
+    assert snap["job"]["state"] == "running" and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
+    plain = cli("status", timeout=60).stdout
+    assert f"slurm job {snap['job']['id']}: running" in plain
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert job_state(sc, snap["job"]["id"], "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+    after = status_json(cli)
+    assert after["state"] == "stopped" and after["job"]["state"] == "cancelled"
+    assert cli("down", timeout=120).returncode == 0  # safe to repeat
+
+
+def test_down_of_a_run_whose_launcher_was_killed(sc, cli, tmp_path):
+    """`down` from a fresh shell with only the record and the spec copy: scancel of the recorded job."""
+    spec = write_spec(tmp_path, SLEEP)
+    assert cli("up", "--detach", spec, timeout=300).returncode == 0
+    st = latest_state(cli)
+    psutil.Process(st["agent_pid"]).kill()
+    job_id = task_info(st["tasks"][0])["job_id"]
+    assert job_state(sc, job_id) == "RUNNING"  # the job does not depend on the launcher
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert job_state(sc, job_id, "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+
+
+def test_ctrl_c_on_up_cancels_the_job_and_exits_130(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP)
+    running = lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli))  # noqa: E731
+    code, out = cli.up_while(spec, running, lambda up, _st: up.send_signal(signal.SIGINT), "tasks running")
+    assert code == 130, out
+    assert "interrupted" in out.lower() and not launcher_traceback(out)
+    st = latest_state(cli)
+    job_id = task_info(st["tasks"][0])["job_id"]
+    assert job_state(sc, job_id, "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+    assert status_json(cli)["state"] == "stopped"
+
+
+def test_a_queued_job_shows_pending_with_its_reason(sc, cli, tmp_path):
+    blocker = sc.command("sbatch", "--parsable", "-N1", "-w", "node2", "-o", "/dev/null", "--wrap",
+                         "sleep 300").stdout.strip()
+    spec = write_spec(tmp_path, SLEEP)
+    up = cli.popen("up", spec)
+    try:
+        def pending():
+            r = cli("status", "--json", timeout=60)  # exit 2 until the run is recorded
+            s = json.loads(r.stdout) if r.returncode == 0 else {}
+            return s if s.get("job") and s["job"]["state"] == "pending" and s["job"]["reason"] else None
+
+        snap = wait_for(pending, 60, "the job pending")
+        assert snap["job"]["reason"] in ("Resources", "Priority"), snap["job"]
+        assert [t["state"] for t in snap["tasks"]] == ["pending", "pending"] and snap["state"] == "starting"
+        time.sleep(0.5)  # `up` polls the queue every 0.2 s
+        up.send_signal(signal.SIGINT)  # while queued: cancels the job
+        out, _ = up.communicate(timeout=60)
+        assert up.returncode == 130, out
+        assert "waiting in the queue (" in out
+        assert job_state(sc, snap["job"]["id"], "CANCELLED")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        sc.command("scancel", blocker, check=False)
+
+
+def test_max_restarts_resumes_at_epoch_3_inside_the_same_job(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, digits("--epochs", "5", "--steps-per-epoch", "60", "--batch-size-per-replica", "8"),
+                      launch="max_restarts = 1")
+    code, out = cli.up_while(spec, lambda: training(cli, epoch=3),
+                             lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL), "epoch 3 to begin",
+                             timeout=400)
+    assert code == 0, out
+    assert "restarting the whole group" in out and "resuming at epoch 3" in out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["attempt"] == 1 and snap["restarts"] == 1, snap
+    assert snap["job"]["state"] == "completed"
+    for t in snap["tasks"]:
+        p = progress(t)
+        assert p["first_epoch"] == 3 and p["epoch"] == 5, p
+        info = task_info(t)
+        assert info["attempt"] == 1 and info["job_id"] == snap["job"]["id"]  # the same job, its second step
+    assert len([n for n in our_jobs(sc) if n == f"mgpu-{snap['run_id']}"]) == 1
+
+
+def test_up_inside_an_allocation_runs_srun_directly(sc, cli, tmp_path):
+    dump = "import os; open(os.environ['MGPU_RUN_DIR'] + '/tf_config', 'w').write(os.environ['TF_CONFIG'])"
+    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}")
+    r = subprocess.run(["salloc", "-N2", *cli.argv("up", spec)], cwd=cli.cwd, env=cli.env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "inside allocation" in out and "submitted" not in out
+    st = latest_state(cli)
+    infos = [task_info(t) for t in st["tasks"]]
+    alloc = infos[0]["job_id"]
+    assert f"mgpu-{st['run_id']}" not in our_jobs(sc)  # no job of its own: the step ran in salloc's job
+    assert all(i["job_id"] == alloc for i in infos)
+    port = slurm_task.default_port(alloc)
+    for i, t in enumerate(st["tasks"]):
+        cfg = json.loads((Path(t["run_dir"]) / "tf_config").read_text())
+        assert cfg["cluster"]["worker"] == [f"{a}:{port}" for _, a in sc.nodes] and cfg["task"]["index"] == i
+    assert status_json(cli)["state"] == "succeeded"
+
+
+def test_refused_before_anything_is_submitted(sc, cli, tmp_path):
+    before = our_jobs(sc)
+    for kw, needle in [({"partition": "gpu"}, "[slurm].partition = 'gpu': no such partition; partitions here: debug"),
+                       ({"nodes": 3}, "[slurm].nodes = 3, but partition debug has 2 node(s)")]:
+        r = cli("up", write_spec(tmp_path, SLEEP, **kw), timeout=120)
+        assert r.returncode == 2 and needle in r.stderr and "nothing was started" in r.stderr, r.stdout + r.stderr
+    bare = tmp_path / "bin"  # no Slurm on PATH: exit 2, with the fix
+    bare.mkdir()
+    saved, cli.env = cli.env, {**cli.env, "PATH": str(bare)}
+    try:
+        r = cli("up", write_spec(tmp_path, SLEEP), timeout=120)
+    finally:
+        cli.env = saved
+    assert r.returncode == 2 and "Slurm's commands are not on PATH" in r.stderr and "[[hosts]]" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert our_jobs(sc) == before
+    assert not run_processes(cli.home)
