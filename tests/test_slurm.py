@@ -58,6 +58,16 @@ def test_tf_config_round_trips_through_tensorflow(monkeypatch):
         assert (resolver.task_type, resolver.task_id) == ("worker", rank)
 
 
+def test_example_slurm_spec_is_valid():
+    from conftest import REPO
+    from launcher.spec import load_spec
+
+    spec = load_spec(REPO / "cluster.slurm.toml")
+    assert spec.hosts is None and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1
+    script = batch_script(spec, "20260101-000000-abcd")
+    assert "#SBATCH --gpus-per-node=1" in script and "#SBATCH --account=myproject" in script
+
+
 def test_parse_time():
     assert parse_time("30") == 1800 and parse_time("2:00:00") == 7200 and parse_time("5:30") == 330
     assert parse_time("1-12") == 36 * 3600 and parse_time("1-00:00:10") == 86410
