@@ -569,17 +569,22 @@ class SlurmEngine(Engine):
         return f"Slurm job {self.job_id} ended ({state}, exit code {code}, reason {info.get('Reason')}){said}"
 
     def _steps(self, attempt: int | None = None) -> list[str]:
-        """Our running steps ("JOB.STEP"), from the tasks' task.json or from squeue."""
+        """Our steps that still run ("JOB.STEP"): those of the tasks' task.json (of `attempt`), and any
+        step named after the run; squeue says which still run."""
         found = set()
         for p in self.plans:
             info = _json(self.root / f"task-{p.index}" / "task.json")
             if info.get("step_id") not in (None, "") and (attempt is None or info.get("attempt") == attempt):
                 found.add(f"{info['job_id']}.{info['step_id']}")
-        if self.job_id and attempt is None:
-            res = slurm(["squeue", "-h", "-s", "-j", str(self.job_id), "-o", "%i %j"], 10.0)
-            found |= {w[0] for w in (line.split() for line in res.stdout.splitlines())
-                      if len(w) == 2 and w[1] == job_name(self.run_id)}
-        return sorted(found)
+        jobs = {self.job_id, *(f.split(".")[0] for f in found)} - {None}
+        if not jobs:
+            return []
+        res = slurm(["squeue", "-h", "-s", "-j", ",".join(sorted(jobs)), "-o", "%i %j"], 10.0)
+        if res.returncode != 0:
+            return sorted(found)  # Slurm does not say: try them all
+        running = [w for w in (line.split() for line in res.stdout.splitlines()) if len(w) == 2]
+        named = {w[0] for w in running if w[1] == job_name(self.run_id)} if attempt is None else set()
+        return sorted((found & {w[0] for w in running}) | named)
 
     def _signal_steps(self, sig: int, attempt: int | None = None) -> None:
         for step in self._steps(attempt):
