@@ -388,3 +388,23 @@ def test_refused_before_anything_is_submitted(sc, cli, tmp_path):
     assert "Traceback" not in r.stderr
     assert our_jobs(sc) == before
     assert not run_processes(cli.home)
+
+
+def test_down_inside_a_users_batch_job_cancels_only_the_runs_step(sc, cli, tmp_path):
+    """`mgpu-cluster up` in the user's own batch script: the step runs in that job; `down` ends the
+    run's step and leaves the user's job running."""
+    spec = write_spec(tmp_path, SLEEP)
+    script = " ".join(cli.argv("up", spec)) + "; sleep 300"
+    job = sc.command("sbatch", "--parsable", "-N2", "-o", tmp_path / "user-job.out", "-D", cli.cwd, "--wrap", script,
+                     env=cli.env).stdout.strip()
+    st = wait_for(lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)), 120,
+                  "the run running in the user's job")
+    assert {task_info(t)["job_id"] for t in st["tasks"]} == {job}
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert status_json(cli)["state"] == "stopped"
+    wait_for(lambda: not any(f"{job}." in w and not w.endswith((".batch", ".extern")) for w in
+                             sc.command("squeue", "-h", "-s", "-o", "%i").stdout.split()), 20, "the run's step ended")
+    assert job_state(sc, job) == "RUNNING"  # the user's allocation is theirs
+    assert not any(psutil.pid_exists(t["pid"]) and psutil.Process(t["pid"]).status() != "zombie"
+                   for t in st["tasks"])
