@@ -20,6 +20,7 @@ from pathlib import Path
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.plan import TaskPlan, mgpu_home
 from worker.protocol import RunState, TaskState
+from worker.files import write_private
 
 VERSION = 2
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -160,13 +161,6 @@ def load(run_id: str | None = None) -> RunRecord:
                          "affected.") from None
 
 
-def write_private(path: Path, text: str) -> None:
-    """Atomic (temp file + rename), mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- the one writer

@@ -13,7 +13,7 @@ from launcher.engines import engine_for
 from launcher.errors import Interrupted, PreflightError, RunFailed
 from launcher.output import Output
 from launcher.plan import mask_env, plan_tasks
-from launcher.spec import ClusterSpec, load_spec
+from launcher.spec import load_spec
 from launcher.tables import checks_table, summary
 from worker.protocol import RunState
 

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys

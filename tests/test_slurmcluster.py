@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fixtures import REPO, make_slurm_cluster, require_slurm, slurm_cluster  # noqa: F401  (fixtures)
+from slurm_fixtures import REPO, require_slurm  # the fixtures come from conftest's pytest_plugins
 from slurmcluster import _alive, _link_names, _netns_list, _netns_pids
 
 # One task: its own address, the port bound (no SO_REUSEADDR) while every task holds it.

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from worker.protocol import EXIT_PREEMPTED
+from worker.files import write_private
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 EXIT_SETUP = 2  # this task could not be set up (Slurm's view of the step, a busy port): see worker.log
@@ -107,12 +108,6 @@ def step_cluster(environ: dict[str, str]) -> tuple[list[str], dict[str, str], in
 
 # --------------------------------------------------------------------------- the task
 
-def write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _die_with_parent() -> None:

@@ -25,12 +25,12 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from worker import procs, protocol
+from worker.files import write_private
 
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
@@ -42,13 +42,6 @@ LINE_MAX = 4096  # longer lines are cut on the way to the launcher
 TAIL_LINES = 20
 
 
-def write_private(path: Path, text: str) -> None:
-    """Atomic, readable by the owner only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def port_holder(port: int) -> str | None:

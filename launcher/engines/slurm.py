@@ -32,6 +32,7 @@ from launcher.plan import TaskPlan, mask_env, worker_argv
 from launcher.spec import ClusterSpec, Host
 from launcher.transport import Result, Sink
 from worker import protocol
+from worker.files import write_private
 from worker.protocol import TaskState
 from worker.supervisor import Lines
 
@@ -306,12 +307,6 @@ def _code(path: Path) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
-def write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 @dataclasses.dataclass
