@@ -129,6 +129,12 @@ class Launch(_Model):
     max_preemptions: Annotated[int, Field(ge=0)] = 100  # restarts after preemption; not max_restarts
     min_hosts: Optional[PositiveInt] = None  # elastic: go on with this many hosts when others are lost
 
+    @property
+    def lifeline(self) -> float:
+        """How long tasks outlive a silent launcher (SSH hosts cut off, a Slurm job whose launcher was
+        killed): heartbeat_timeout, within 10 s .. 2 min."""
+        return min(max(self.heartbeat_timeout, 10.0), 120.0)
+
 
 # Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; or no limit

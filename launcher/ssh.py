@@ -6,7 +6,7 @@ key of a host seen for the first time, as OpenSSH's `StrictHostKeyChecking accep
 
 Each remote task's supervisor reads the SSH channel as its stdin: it stops its task when the
 channel reaches EOF (the launcher stopped the task, or exited, or the connection closed) or when
-the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `lifeline_s` seconds
+the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `launch.lifeline` seconds
 (the host was cut off: no EOF will ever come, and sshd would not notice for hours).
 """
 
@@ -59,11 +59,6 @@ def shell_command(argv: list[str], cwd: str | None = None, env: dict[str, str] |
     """A POSIX shell line that runs argv in cwd with env; every value quoted, nothing interpreted."""
     line = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]) if env else shlex.join(argv)
     return f"{_cd(cwd)} && exec {line}" if cwd else f"exec {line}"
-
-
-def lifeline_s(launch: Launch) -> float:
-    """How long a remote task outlives a silent launcher: heartbeat_timeout, within 10 s .. 2 min."""
-    return min(max(launch.heartbeat_timeout, 10.0), 120.0)
 
 
 # --------------------------------------------------------------------------- host keys
@@ -332,7 +327,7 @@ class SSHTransport(Transport):
 
     # ---- tasks
     def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
-        argv = plan.supervisor_argv(attempt, lifeline=lifeline_s(self.launch))
+        argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
         channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
         try:
             channel.sendall(env_line(plan))  # the environment travels on stdin, never on a command line

@@ -293,6 +293,20 @@ def test_down_of_a_run_whose_launcher_was_killed(sc, cli, tmp_path):
     assert not wait_gone(cli.home, 10)
 
 
+def test_a_job_whose_launcher_is_killed_ends_itself(sc, cli, tmp_path):
+    """kill -9 of `up`: the job's lifeline (the launcher touches launcher.alive) runs out and the job
+    cancels itself: nothing is left running on any node."""
+    spec = write_spec(tmp_path, SLEEP, launch="heartbeat_timeout = 5")  # lifeline: 10 s
+    code, _out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
+                              lambda up, _st: up.kill(), "tasks running")
+    assert code == -signal.SIGKILL
+    job_id = task_info(latest_state(cli)["tasks"][0])["job_id"]
+    assert wait_for(lambda: (sc.job(job_id) or {}).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"), 60,
+                    "the job to end itself")
+    assert not wait_gone(cli.home, 15)
+    assert status_json(cli)["state"] == "lost"
+
+
 def test_ctrl_c_on_up_cancels_the_job_and_exits_130(sc, cli, tmp_path):
     spec = write_spec(tmp_path, SLEEP)
     running = lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli))  # noqa: E731

@@ -190,6 +190,13 @@ def batch_script(spec: ClusterSpec, run_id: str) -> str:
         'on_notice() { notice=1; echo "mgpu-cluster: notice (USR1) at $(date +%s)"; touch "$run/notice";',
         '  scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null; }',
         "trap on_notice USR1",
+        "# Lifeline: the launcher touches $run/launcher.alive while it follows the run; when that stops for",
+        f"# {launch.lifeline:g} s (it was killed, or its machine went away) the job ends itself: nothing is left.",
+        f"lifeline={launch.lifeline:.0f}",
+        '( while sleep 2; do last=$(stat -c %Y "$run/launcher.alive" 2>/dev/null || echo 0)',
+        '    if [ $(( $(date +%s) - last )) -gt "$lifeline" ]; then',
+        '      echo "mgpu-cluster: no word from the launcher for over $lifeline s: cancelling the job"',
+        '      touch "$run/stop"; scancel "$SLURM_JOB_ID"; exit; fi; done ) &',
         'echo "mgpu-cluster: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart count ${SLURM_RESTART_COUNT:-0})"',
         "while :; do",
         f"  {step} &",
@@ -476,8 +483,16 @@ class SlurmEngine(Engine):
                 **extra}
         write_private(self.root / "job.json", json.dumps(data))
 
+    def _alive(self) -> None:
+        """The job's lifeline (see batch_script): touched while this launcher follows the run."""
+        try:
+            (self.root / "launcher.alive").touch()
+        except OSError:
+            pass
+
     def _submit(self) -> str | None:
         self._prepare()
+        self._alive()
         script = self.root / "job.sh"
         write_private(script, batch_script(self.spec, self.run_id))
         argv = ["sbatch", "--parsable", *sbatch_options(self.spec, self.run_id), str(script)]
@@ -644,6 +659,7 @@ class SlurmEngine(Engine):
     def _follow_loop(self) -> None:
         next_job = 0.0
         while not self.closed.wait(POLL_S):
+            self._alive()
             with self.lock:
                 attempt, sink = self.attempt, self.sink
             if sink is None:
