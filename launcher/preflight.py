@@ -24,6 +24,7 @@ from launcher.transport import LocalTransport, Transport, parallel
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
 HOSTS_AT_ONCE = 16
+HOLD_S = 120.0  # how long a held doctor waits for the start
 SKIP_DIRS = {"__pycache__"}
 
 
@@ -120,8 +121,10 @@ def workdir_missing(plan: TaskPlan) -> str:
 
 
 def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
-                mesh: list[str] | None) -> dict:
-    """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks."""
+                mesh: list[str] | None, hold: bool = False) -> dict:
+    """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks.
+
+    hold (`up`, a remote host with one task): the doctor stays, to become the task's supervisor."""
     if isinstance(transport, LocalTransport) and same_interpreter(group[0]):
         from worker import doctor
 
@@ -132,8 +135,9 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
     argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
     timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
     lead = group[0] if shared_cwd else dataclasses.replace(group[0], cwd=None)
-    if isinstance(transport, LocalTransport):
-        code, out, err = transport.call(lead, argv, timeout)
+    if hold and len(group) == 1 and hasattr(transport, "call_and_hold"):
+        argv += ["--hold", f"{HOLD_S:g}", "--", *lead.supervisor_argv(0, lifeline=spec.launch.lifeline)[3:]]
+        code, out, err = transport.call_and_hold(lead, argv, timeout)
     else:
         code, out, err = transport.call(lead, argv, timeout)
     problem = report_problem(group[0], shared_cwd, code, out, err)
@@ -254,7 +258,7 @@ def mesh_problems(plan: TaskPlan, res: dict) -> list[str]:
 # --------------------------------------------------------------------------- all of it
 
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path | None = None,
-              say: Callable[[str], None] | None = None) -> list[TaskCheck]:
+              say: Callable[[str], None] | None = None, hold: bool = False) -> list[TaskCheck]:
     """Every check, hosts in parallel; `base` (the spec's folder) enables `sync`."""
     say = say or (lambda _msg: None)
     checks = [TaskCheck(p) for p in plans]
@@ -283,7 +287,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
     with_mesh = bool(remote) and len(plans) > 1 and not addressing
     mesh = mesh_args(spec, plans, found_groups) if with_mesh else None
     t0 = time.monotonic()
-    results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh), found_groups,
+    results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh, hold), found_groups,
                    len(found_groups) if with_mesh else HOSTS_AT_ONCE)  # the mesh needs all at once
     meshes = {}
     for group, (report, error) in zip(found_groups, results):

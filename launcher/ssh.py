@@ -140,6 +140,7 @@ class SSHTransport(Transport):
         self.lock = threading.Lock()
         self.conn: Connection | None = None
         self.channels: set = set()  # live task channels that get keepalives
+        self.held: dict[int, paramiko.Channel] = {}  # preflight checks waiting to become supervisors
         self.channels_lock = threading.Lock()
         self.keepalive: threading.Thread | None = None
         self.closed = threading.Event()
@@ -325,10 +326,55 @@ class SSHTransport(Transport):
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         return self.run(shell_command(argv, plan.cwd), timeout)
 
+    def call_and_hold(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """As call(), for a command that prints one line and then waits (`worker.doctor --hold`): that
+        line, with the channel kept for start(); or, when it ended instead, what call() would give."""
+        deadline = time.monotonic() + timeout
+        ch = self._exec(shell_command(argv, plan.cwd), timeout)
+        out, err = bytearray(), bytearray()
+        try:
+            while b"\n" not in out:
+                if ch.recv_ready():
+                    out.extend(ch.recv(65536))
+                elif ch.recv_stderr_ready():
+                    err.extend(ch.recv_stderr(65536))
+                elif ch.exit_status_ready():
+                    while ch.recv_ready():
+                        out.extend(ch.recv(65536))
+                    while ch.recv_stderr_ready():
+                        err.extend(ch.recv_stderr(65536))
+                    code = ch.recv_exit_status()
+                    ch.close()
+                    return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+                elif time.monotonic() > deadline:
+                    ch.close()
+                    raise HostUnreachable(f"{self.where}: the host check did not answer within {timeout:g} s")
+                else:
+                    time.sleep(POLL_S)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            ch.close()
+            self._drop()
+            raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
+        with self.channels_lock:
+            self.held[plan.index] = ch
+        return 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
     # ---- tasks
     def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
-        argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
-        channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
+        with self.channels_lock:
+            held = self.held.pop(plan.index, None) if attempt == 0 else None
+        try:
+            if held is not None and not held.exit_status_ready():
+                held.set_combine_stderr(True)
+                held.sendall(b"go\n")  # its preflight check becomes its supervisor: no second shell, no Python
+                channel = held
+            else:
+                raise OSError("no held check")
+        except (OSError, EOFError, paramiko.SSHException):
+            if held is not None:
+                held.close()
+            argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
+            channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
         try:
             channel.sendall(env_line(plan))  # the environment travels on stdin, never on a command line
         except (OSError, EOFError, paramiko.SSHException):
@@ -420,6 +466,10 @@ class SSHTransport(Transport):
 
     def close(self) -> None:
         self.closed.set()
+        with self.channels_lock:
+            held, self.held = list(self.held.values()), {}
+        for ch in held:  # EOF: a check that was kept for a start that did not come ends itself
+            ch.close()
         with self.lock:
             conns, self.conn, self.extra = [self.conn, *self.extra], None, []
         for conn in conns:

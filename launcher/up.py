@@ -77,7 +77,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
         if spec.slurm is None:  # with Slurm, the nodes (and so the host:port pairs) are Slurm's choice
             claims = record.claim_ports(run_id, plans)
-        checks = engine.preflight(Path(spec_path).parent, out.say)
+        checks = engine.preflight(Path(spec_path).parent, out.say, for_start=True)
         out.show(checks_table(checks))
         refuse(checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)

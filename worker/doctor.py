@@ -309,7 +309,11 @@ def mesh(mine: dict[int, int], group: int, peers: list, token: str, seconds: flo
             if all(heard[i] >= expect[i] for i in mine):
                 break
         time.sleep(0.02)
-    for server in servers:
+    for server in servers:  # shutdown() wakes a thread blocked in accept(); close() alone leaves it listening
+        try:
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         server.close()
     time.sleep(0.05)  # let the last answers go out before the process ends
     where = {j: f"{address}:{port}" for j, address, port, _g in peers}
@@ -331,13 +335,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=0, help="cluster check: this host's group id")
     parser.add_argument("--token", default="mgpu-doctor", help="cluster check: shared secret of this check")
     parser.add_argument("--seconds", type=float, default=8.0, help="cluster check: give up after this long")
+    parser.add_argument("--hold", type=float, metavar="S", help="after the report, wait up to S seconds for "
+                        "'go' on stdin and become the task's supervisor (the arguments after --): `up` starts "
+                        "a remote task without a second remote shell and Python")
+    parser.add_argument("supervisor", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     report = check_tasks(args.task, args.entrypoint, args.program)
     if args.mesh is not None:
         mine = {t["index"]: t["port"] for t in args.task}
         report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
     print(json.dumps(report), flush=True)
+    if args.hold and _line(args.hold) == b"go":
+        from worker import supervisor
+
+        code = supervisor.main(args.supervisor[1:] if args.supervisor[:1] == ["--"] else args.supervisor)
+        os._exit(code)  # as the supervisor's own __main__: don't wait for its watcher threads
     return 0
+
+
+def _line(seconds: float) -> bytes:
+    """One line of stdin, read a byte at a time (what follows it is the supervisor's); b"" on EOF or
+    when nothing comes within `seconds` (the launcher refused the cluster, or went away)."""
+    import select
+
+    line, deadline = b"", time.monotonic() + seconds
+    while not line.endswith(b"\n"):
+        if not select.select([0], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return b""
+        byte = os.read(0, 1)
+        if not byte:
+            return b""
+        line += byte
+    return line.strip()
 
 
 if __name__ == "__main__":

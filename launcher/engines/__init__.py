@@ -26,8 +26,9 @@ class Engine(ABC):
         self.plan = {p.index: p for p in plans}  # by task index (not always 0..n-1: elastic runs)
 
     @abstractmethod
-    def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
-        """Check hosts and ports, start nothing; a list of preflight.TaskCheck."""
+    def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list:
+        """Check hosts and ports, start nothing; a list of preflight.TaskCheck. `for_start`: `up`
+        will start the tasks next (an engine may keep what it opened for the checks)."""
 
     @abstractmethod
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:

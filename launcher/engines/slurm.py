@@ -360,7 +360,7 @@ class SlurmEngine(Engine):
         self.ended_since: float | None = None
 
     # ---- preflight
-    def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
+    def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list:
         from launcher.preflight import TaskCheck
 
         self.say = say

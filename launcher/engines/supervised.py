@@ -19,10 +19,11 @@ class SupervisedEngine(Engine):
         self.transports = dict(zip((p.index for p in plans), transports_for(spec, plans)))
         self.handles: dict[int, Handle] = {}
 
-    def preflight(self, base: Path | None, say: Callable[[str], None]) -> list:
+    def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list:
         from launcher.preflight import preflight
 
-        return preflight(self.spec, self.plans, [self.transports[p.index] for p in self.plans], base=base, say=say)
+        return preflight(self.spec, self.plans, [self.transports[p.index] for p in self.plans], base=base, say=say,
+                         hold=for_start)
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
         def one(plan: TaskPlan) -> None:
