@@ -56,7 +56,7 @@ def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.Ru
             probes = engine.probe(list(range(len(run.tasks))))
         finally:
             engine.close()
-        alive = False
+        alive, in_preflight = False, run.state == RunState.PREFLIGHT
         for task, res in zip(run.tasks, probes):
             if not res.ok:
                 task.state = TaskState.LOST
@@ -67,7 +67,10 @@ def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.Ru
         if not alive:
             run.state = (RunState.SUCCEEDED if all(t.state == TaskState.SUCCEEDED for t in run.tasks)
                          else RunState.LOST)
-            if run.state == RunState.LOST:
+            if run.state == RunState.LOST and in_preflight:
+                run.failure = (f"the launcher of this run (pid {run.agent_pid}) ended during the preflight without "
+                               "recording it (killed, or its machine went down); no task was started.")
+            elif run.state == RunState.LOST:
                 run.failure = (f"the launcher of this run (pid {run.agent_pid}) ended without recording how the run "
                                "ended (killed, or its machine went down); its tasks were stopped by their supervisors. "
                                "The task states above are what their hosts say now.")
