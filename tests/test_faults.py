@@ -96,6 +96,7 @@ def test_stalled_stdout_reader_does_not_delay_fail_fast(cli, tmp_path):
         marker = next((cli.home / "runs" / st["run_id"]).rglob("exited-at"))
         took = st["ended_at"] - float(marker.read_text())
         assert took < 3.0, f"fail-fast took {took:.2f} s behind a stalled terminal"
+        print(f"\nfail-fast behind a stalled terminal, both tasks flooding: {took:.2f} s from task 1's exit")
         assert not wait_gone(cli.home, 10)
         assert up.wait(30) == 1
     finally:
@@ -134,6 +135,7 @@ def test_flood_and_a_20mb_line_keep_the_launcher_small(cli, tmp_path):
         time.sleep(0.05)
     assert up.wait(120) == 0, tail
     assert peak < 200 * 2**20, f"launcher RSS peaked at {peak / 2**20:.0f} MB"
+    print(f"\nlauncher RSS peak with a 20 MB line and a 300k-line flood per task: {peak / 2**20:.0f} MB")
     st = latest_state(cli)
     log = Path(st["tasks"][0]["run_dir"]) / "worker.log"
     assert log.stat().st_size > 20 * 2**20  # the log keeps everything
