@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -29,7 +28,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from testhosts import (  # noqa: E402  (namespace helpers shared with the SSH test hosts)
-    _LOCK_FILE, _link_names, _netns_list, _netns_pids, _tail, _used_third_octets, _write)
+    TestHostsError, _claim_bridge, _link_names, _netns_list, _netns_pids, _tail, _write)
 
 __all__ = ["Node", "SlurmCluster", "SlurmClusterError", "parse_record", "slurm_missing"]
 
@@ -247,19 +246,10 @@ class SlurmCluster:
         return self
 
     def _make_network(self) -> None:
-        # Same lock and subnet scan as testhosts.py: "pick a free /24, claim it" is atomic for both.
-        with open(_LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            used = _used_third_octets()
-            free = [(18, k) for k in range(1, 255) if (18, k) not in used]
-            free = free or [(19, k) for k in range(0, 255) if (19, k) not in used]
-            if not free:
-                raise SlurmClusterError("no free /24 left in 198.18.0.0/15")
-            second, third = free[secrets.randbelow(min(len(free), 64))]
-            self.subnet = f"198.{second}.{third}"
-            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
+        try:
+            self.subnet = _claim_bridge(self.bridge)
+        except TestHostsError as e:
+            raise SlurmClusterError(str(e)) from None
         self.nodes = [Node(f"node{i + 1}", f"{self.subnet}.{FIRST_NODE + i}") for i in range(self.n)]
         for key in self._keys():
             ns, veth = self.netns(key), self._veth(key)

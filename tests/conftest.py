@@ -60,6 +60,16 @@ def reap(procs: list[psutil.Process]) -> list[psutil.Process]:
     return procs
 
 
+def command_lines_with(*needles: str) -> list[str]:
+    """Every process command line on this machine that contains one of `needles`."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if any(n in cmd for n in needles):
+            found.append(cmd)
+    return found
+
+
 def wait_for(cond, timeout: float, what: str):
     """Poll cond() until it returns something true; fail naming `what` after `timeout` seconds."""
     deadline = time.time() + timeout

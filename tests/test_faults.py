@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import latest_state, launcher_traceback, wait_for, wait_gone, write_spec
+from conftest import command_lines_with, latest_state, launcher_traceback, wait_for, wait_gone, write_spec
 
 SLEEP = 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
 
@@ -234,10 +234,7 @@ def test_env_is_not_on_any_command_line(cli, tmp_path):
     seen = []
 
     def look(up, _st):
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "hunter2" in cmd or "TF_CONFIG" in cmd:
-                seen.append(cmd)
+        seen.extend(command_lines_with("hunter2", "TF_CONFIG"))
         up.send_signal(signal.SIGINT)
 
     code, out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, Cli, latest_state, reap, run_processes, wait_for, wait_gone
+from conftest import IN_CI, REPO, Cli, command_lines_with, latest_state, reap, run_processes, wait_for, wait_gone
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -571,10 +571,7 @@ def test_task_environment_is_not_on_a_remote_command_line(cli, th, tmp_path):
     seen = []
 
     def look(up, _st):
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "hunter2" in cmd or "TF_CONFIG" in cmd:
-                seen.append(cmd)
+        seen.extend(command_lines_with("hunter2", "TF_CONFIG"))
         up.send_signal(signal.SIGINT)
 
     code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), look, "progress", ready_timeout=120)

@@ -5,18 +5,18 @@ Also a small library for scripts started with `command = [...]`: `strategy_from_
 Importing this package does not import TensorFlow (the launcher's supervisor imports it).
 """
 
-from worker.progress import ProgressWriter, read_progress
-from worker.runner import DataContext, RunConfig, Task, WorkerError, run, save_model
-from worker.strategy import (
-    ClusterInfo,
-    cluster_from_env,
-    dataset_options,
-    import_keras,
-    import_tensorflow,
-    is_chief,
-    set_mixed_precision,
-    strategy_from_env,
-)
+import importlib
+
+# Where each public name lives. Resolved on first use, so that the supervisor and the
+# launcher, which import only submodules, do not pay for the runner and strategy modules.
+_HOME = {
+    "ProgressWriter": "progress", "read_progress": "progress", "ProgressCallback": "progress",
+    "DataContext": "runner", "RunConfig": "runner", "Task": "runner", "WorkerError": "runner",
+    "run": "runner", "save_model": "runner",
+    "ClusterInfo": "strategy", "cluster_from_env": "strategy", "dataset_options": "strategy",
+    "import_keras": "strategy", "import_tensorflow": "strategy", "is_chief": "strategy",
+    "set_mixed_precision": "strategy", "strategy_from_env": "strategy",
+}
 
 __all__ = [
     "ClusterInfo", "DataContext", "ProgressCallback", "ProgressWriter", "RunConfig", "Task",
@@ -26,8 +26,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "ProgressCallback":  # a Keras class: built (and TensorFlow imported) on first use
-        from worker import progress
-
-        return progress.ProgressCallback
+    # ProgressCallback is a Keras class: built (and TensorFlow imported) on first use.
+    if name in _HOME:
+        return getattr(importlib.import_module(f"worker.{_HOME[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

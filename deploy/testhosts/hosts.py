@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import re
@@ -19,8 +18,8 @@ import time
 from pathlib import Path
 
 from .cluster_toml import DEFAULT_PORT, render_cluster_toml
-from .system import (_LOCK_FILE, TestHostsError, _kill, _kill_netns, _link_names, _netns_list, _netns_pids, _run,
-                     _sshd_version, _tail, _used_third_octets, _write, netns_usage)
+from .system import (TestHostsError, _claim_bridge, _kill, _kill_netns, _link_names, _netns_list, _netns_pids, _run,
+                     _sshd_version, _tail, _write, netns_usage)
 
 SSHD = "/usr/sbin/sshd"
 FIRST_HOST = 11  # host i gets 198.18.<k>.(11 + i); the bridge is .1
@@ -235,19 +234,7 @@ class TestHosts:
         return started
 
     def _make_bridge(self) -> None:
-        # The lock makes "pick a free subnet, claim it on our bridge" atomic across processes.
-        with open(_LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            used = _used_third_octets()
-            free = [(18, k) for k in range(1, 255) if (18, k) not in used]
-            free = free or [(19, k) for k in range(0, 255) if (19, k) not in used]
-            if not free:
-                raise TestHostsError("no free /24 left in 198.18.0.0/15")
-            second, third = free[secrets.randbelow(min(len(free), 64))]
-            self.subnet = f"198.{second}.{third}"
-            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
+        self.subnet = _claim_bridge(self.bridge)
 
     def _make_host(self, i: int) -> None:
         ns, veth, addr = self._netns(i), self._veth(i), self.hosts[i].address

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -81,6 +83,25 @@ def _used_third_octets() -> set[tuple[int, int]]:
     out = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
     out += _run(["ip", "-4", "route", "show", "table", "all"], check=False).stdout
     return {(int(a), int(b)) for a, b in re.findall(r"\b198\.(18|19)\.(\d+)\.\d+", out)}
+
+
+def _claim_bridge(bridge: str) -> str:
+    """Make `bridge` with the .1 address of a free /24 in 198.18.0.0/15; returns "198.X.Y".
+    The lock makes "pick a free subnet, claim it on our bridge" atomic across processes
+    (the SSH test hosts and the Slurm test cluster both use it)."""
+    with open(_LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = _used_third_octets()
+        free = [(18, k) for k in range(1, 255) if (18, k) not in used]
+        free = free or [(19, k) for k in range(0, 255) if (19, k) not in used]
+        if not free:
+            raise TestHostsError("no free /24 left in 198.18.0.0/15")
+        second, third = free[secrets.randbelow(min(len(free), 64))]
+        subnet = f"198.{second}.{third}"
+        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{subnet}.1/24", "dev", bridge])
+        _run(["ip", "link", "set", bridge, "up"])
+    return subnet
 
 
 def _tail(path: Path, n: int = 2000) -> str:
