@@ -183,6 +183,17 @@ def test_run_is_recorded_before_preflight_and_down_stops_the_right_run(cli, tmp_
     assert not [p for p in psutil.process_iter(["cmdline"]) if "slowpy" in " ".join(p.info["cmdline"] or [])]
 
 
+def test_run_ids_sort_in_start_order_within_one_second():
+    # `down`/`status` without a run id act on the last id: a run started 0.1 s after another must sort after it
+    from launcher.record import RUN_ID, new_run_id
+
+    ids = []
+    for _ in range(40):
+        ids.append(new_run_id())
+        time.sleep(0.003)
+    assert all(RUN_ID.match(i) for i in ids) and ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
 @pytest.mark.parametrize("content", ["{not json", '{"version": 1, "run_id": "x"}', ""])
 def test_corrupt_or_old_state_is_exit_2_and_other_runs_still_work(cli, tmp_path, content):
     spec = write_spec(tmp_path, 'command = ["python3", "-c", "pass"]', n=1)
