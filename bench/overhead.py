@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import subprocess
 
-from bench.common import LOCAL_DEFAULTS, Bench, job_argv, local_hosts, mgpu_argv, write_spec
+from bench.common import LOCAL_DEFAULTS, Bench, bench_line, job_argv, local_hosts, mgpu_argv, write_spec
 from bench.results import Row
 from bench.timing import Stat, alternated, paired_ratio, timed
 
 TITLE = "launcher overhead"
 TARGET = "ratio <= 1.05"
+PAIRS = 9  # the job's own time varies by ~1 s from run to run (see `added`): fewer pairs give a median that swings
+
+
+def added(wall: float, lines: list[dict | None]) -> float | None:
+    """Wall time around the job: `wall` less the span from the first worker's start (its first line of
+    Python) to the last worker's end of training, both from the workers' BENCH lines."""
+    if not all(lines):
+        return None
+    return wall - (max(x["end"] for x in lines) - min(x["start"] for x in lines))
 
 
 def job(b: Bench) -> list[str]:
@@ -21,10 +30,12 @@ def job(b: Bench) -> list[str]:
 def run(b: Bench) -> list[Row]:
     command = job(b)
     phases: list[dict] = []
+    around: dict[str, list[float | None]] = {"ours": [], "hand": []}
 
     def ours() -> float:
         res = b.up_local("overhead-up", command)
         b.need_ok(res, "overhead")
+        around["ours"].append(added(res.wall, [bench_line(b.task_log(res.run, i)) for i in range(2)]))
         ph, t0 = res.run.get("phases", {}), res.run["_t0"]
         phases.append({"preflight_s": ph.get("preflight_s"),
                        "all_started_s": round(ph["all_started"] - t0, 3) if "all_started" in ph else None,
@@ -35,9 +46,11 @@ def run(b: Bench) -> list[Row]:
         wall, code, d = b.hand("overhead-hand", command)
         if code != 0:
             raise RuntimeError(f"hand launch failed ({code}); see {d}")
+        around["hand"].append(added(wall, [bench_line((d / f"worker{i}.log").read_text(errors="replace"))
+                                           for i in range(2)]))
         return wall
 
-    ours_s, hand_s = alternated(b.reps if b.quick else max(5, b.reps), ours, hand)
+    ours_s, hand_s = alternated(b.reps if b.quick else max(PAIRS, b.reps), ours, hand)
 
     # Where the launcher's own time goes, outside the pairs: `check` and `up --dry-run` of such a spec.
     spec = write_spec(b.fresh("overhead-parts") / "cluster.toml", local_hosts(2), command, LOCAL_DEFAULTS)
@@ -50,7 +63,8 @@ def run(b: Bench) -> list[Row]:
                 raise RuntimeError(f"mgpu-cluster {' '.join(args)} exited {r.returncode}: {r.stdout[-800:]}{r.stderr[-800:]}")
             parts[key].append(wall)
 
-    b.raw["overhead"] = {"ours": ours_s, "baseline": hand_s, "phases": phases, "parts": parts, "command": command}
+    b.raw["overhead"] = {"ours": ours_s, "baseline": hand_s, "phases": phases, "parts": parts, "command": command,
+                         "added": around}
     pre = Stat([p["preflight_s"] for p in phases if p["preflight_s"] is not None])
     started = Stat([p["all_started_s"] for p in phases if p["all_started_s"] is not None])
     note = (f"the job: a script through `command`, the seeds' MNIST CNN, 2 local workers, batch 64, "
@@ -58,5 +72,16 @@ def run(b: Bench) -> list[Row]:
             f"ours - baseline {Stat([a - c for a, c in zip(ours_s, hand_s)]).fmt('s')}; of ours: preflight "
             f"{pre.fmt('s')}, `up` to every task started {started.fmt('s')}; alone: `check` {Stat(parts['check']).fmt('s')}, "
             f"`up --dry-run` {Stat(parts['dry_run']).fmt('s')}")
-    return [Row("launcher overhead: `mgpu-cluster up` vs shell script (wall)", Stat(ours_s), Stat(hand_s), "s",
+    rows = [Row("launcher overhead: `mgpu-cluster up` vs shell script (wall)", Stat(ours_s), Stat(hand_s), "s",
                 paired_ratio(ours_s, hand_s), TARGET, note)]
+    if None not in around["ours"] + around["hand"]:  # every worker printed its BENCH line
+        job_s = Stat([w - c for w, c in zip(hand_s, around["hand"])])
+        rows.append(Row("launcher overhead: time around the job (wall less the workers' own span)",
+                        Stat(around["ours"]), Stat(around["hand"]), "s",
+                        Stat([(j + a) / (j + c) for j, a, c in zip(job_s.values, around["ours"], around["hand"])]), "",
+                        "the same pairs; around = `up`'s wall less the span from the first worker's start to the "
+                        "last one's end of training (from their BENCH lines): the launcher's start, the "
+                        "supervisors', teardown and exit, without the job's own variance (TensorFlow's "
+                        f"connection retry alone moves a run by ~1 s); the job itself {job_s.fmt('s')}; "
+                        "ratio = (job + ours) / (job + baseline) per pair"))
+    return rows

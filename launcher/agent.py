@@ -23,6 +23,7 @@ from worker.protocol import RunState, TaskState
 
 TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 SAVE_EVERY_S = 1.0
+TICK_S = 0.5  # the agent wakes for events at once; this only paces its own checks (timeouts, grace)
 TAIL_LINES = 15
 
 
@@ -157,7 +158,7 @@ class Agent:
         self.owner.save()
         while failure is None:
             try:
-                got = self.events.get(timeout=0.2)
+                got = self.events.get(timeout=TICK_S)
             except queue.Empty:
                 got = None
             if got is not None and got[0] == number:
@@ -286,7 +287,7 @@ class Agent:
         deadline = time.time() + self.spec.launch.stop_grace + TEARDOWN_SLACK_S
         while live and time.time() < deadline:
             try:
-                attempt, index, ev = self.events.get(timeout=0.2)
+                attempt, index, ev = self.events.get(timeout=TICK_S)
             except queue.Empty:
                 continue
             if attempt != number or index not in live:

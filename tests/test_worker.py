@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from worker.progress import ProgressWriter, format_epoch_line, read_progress
-from worker.strategy import cluster_from_env, task_id_from_env
+from worker.strategy import cluster_from_env, task_id_from_env, wait_for_chief
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRESS_FIELDS = {"task", "state", "epoch", "epochs", "step", "steps_per_epoch", "global_step",
@@ -222,6 +223,30 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
     if subprocess.run([sys.executable, "-c", "import tensorboard"], capture_output=True).returncode:
         tb = worker("--entrypoint", "worker.examples.digits:task", "--tensorboard", "logs")
         assert tb.returncode == 2 and "pip install tensorboard" in tb.stderr
+
+
+def test_a_worker_waits_for_the_chiefs_port_before_it_asks_for_the_coordination_service():
+    # TensorFlow retries a refused connection to the chief only after a second: wait for the port instead
+    port, other = worker_ports(2)
+    worker = cluster_from_env({"TF_CONFIG": tf_config([port, other], 1)})
+    assert wait_for_chief(cluster_from_env({"TF_CONFIG": tf_config([port, other], 0)}), timeout=0)
+    assert not wait_for_chief(worker, timeout=0.3)  # nobody listens: give up, TensorFlow takes over
+
+    chief = socket.socket()
+    chief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    chief.bind(("127.0.0.1", port))
+
+    def listen_later():
+        time.sleep(0.4)
+        chief.listen()
+
+    threading.Thread(target=listen_later, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        assert wait_for_chief(worker, timeout=30)
+        assert time.monotonic() - t0 >= 0.35  # it did wait for the listener
+    finally:
+        chief.close()
 
 
 # --- two workers train digits ----------------------------------------------------------------

@@ -33,9 +33,9 @@ from worker import procs, protocol
 from worker.files import write_private
 
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
-PROGRESS_POLL_S = 0.25
+PROGRESS_POLL_S = 0.5
 STATS_EVERY_S = 2.0  # CPU%, RSS and state of the task, so that `status` needs no trip to the host
-FORWARD_EVERY_S = 0.1
+FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches); a quiet task wakes us for none
 FORWARD_MAX_LINES = 400  # per FORWARD_EVERY_S; beyond that a flood is thinned (worker.log keeps all)
 PENDING_MAX_LINES = 2000
 LINE_MAX = 4096  # longer lines are cut on the way to the launcher
@@ -86,6 +86,7 @@ class Lines:
         self.dropped = 0
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.lock = threading.Lock()
+        self.arrived = threading.Event()  # lines are waiting to be taken
 
     def feed(self, chunk: bytes) -> None:
         data = self.partial + chunk
@@ -113,10 +114,14 @@ class Lines:
             room = max(0, PENDING_MAX_LINES - len(self.pending))
             self.pending.extend(lines[:room])
             self.dropped += max(0, len(lines) - room)
+            if lines:
+                self.arrived.set()
 
     def take(self, limit: int) -> tuple[list[str], int]:
         with self.lock:
             lines = [self.pending.popleft() for _ in range(min(limit, len(self.pending)))]
+            if not self.pending:
+                self.arrived.clear()
             if len(self.pending) > PENDING_MAX_LINES // 2:  # still flooding: thin it, keep the newest
                 self.dropped += len(self.pending) - PENDING_MAX_LINES // 2
                 while len(self.pending) > PENDING_MAX_LINES // 2:
@@ -232,10 +237,11 @@ class Supervisor:
             self.lines.feed(chunk)
         self.lines.close()
 
-    def forward(self) -> None:
+    def forward(self) -> bool:
         lines, dropped = self.lines.take(FORWARD_MAX_LINES)
         if lines or dropped:
             self.emit(protocol.Output(lines=lines, dropped=dropped))
+        return bool(lines or dropped)
 
     def send_progress(self) -> None:
         try:
@@ -258,10 +264,13 @@ class Supervisor:
             self.stop_task(0)
 
     def watch(self) -> None:
-        """Forward output, progress and stats until the task ends."""
+        """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
+        every FORWARD_EVERY_S) or a poll is due, not on a fixed tick: a quiet task costs its busy
+        cores (TensorFlow's all-reduce waits for its slowest thread) almost no interruptions."""
         progress_at = stats_at = 0.0
         while self.proc.poll() is None:
-            self.forward()
+            if self.forward():
+                time.sleep(FORWARD_EVERY_S)  # more is coming: send it in batches
             now = time.monotonic()
             if now - progress_at >= PROGRESS_POLL_S:
                 progress_at = now
@@ -269,7 +278,8 @@ class Supervisor:
             if now - stats_at >= STATS_EVERY_S:
                 stats_at = now
                 self.send_stats()
-            time.sleep(FORWARD_EVERY_S)
+            self.lines.arrived.wait(max(0.0, min(progress_at + PROGRESS_POLL_S, stats_at + STATS_EVERY_S)
+                                        - time.monotonic()))
 
     def send_stats(self) -> None:
         try:
