@@ -81,7 +81,7 @@ def run(b: Bench) -> list[Row]:
                         Stat([(j + a) / (j + c) for j, a, c in zip(job_s.values, around["ours"], around["hand"])]), "",
                         "the same pairs; around = `up`'s wall less the span from the first worker's start to the "
                         "last one's end of training (from their BENCH lines): the launcher's start, the "
-                        "supervisors', teardown and exit, without the job's own variance (TensorFlow's "
-                        f"connection retry alone moves a run by ~1 s); the job itself {job_s.fmt('s')}; "
+                        "supervisors', teardown and exit, without the job's own variance (its training time "
+                        f"moves by up to a second from run to run); the job itself {job_s.fmt('s')}; "
                         "ratio = (job + ours) / (job + baseline) per pair"))
     return rows
