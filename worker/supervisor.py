@@ -265,8 +265,8 @@ class Supervisor:
 
     def watch(self) -> None:
         """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
-        every FORWARD_EVERY_S) or a poll is due, not on a fixed tick: a quiet task costs its busy
-        cores (TensorFlow's all-reduce waits for its slowest thread) almost no interruptions."""
+        every FORWARD_EVERY_S) or a poll is due, not on a fixed tick: a quiet task's cores are
+        interrupted twice a second, not ten times."""
         progress_at = stats_at = 0.0
         while self.proc.poll() is None:
             if self.forward():
