@@ -33,7 +33,7 @@ from worker import procs, protocol
 from worker.files import write_private
 
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
-PROGRESS_POLL_S = 0.5
+PROGRESS_POLL_S = 0.25
 STATS_EVERY_S = 2.0  # CPU%, RSS and state of the task, so that `status` needs no trip to the host
 FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches); a quiet task wakes us for none
 FORWARD_MAX_LINES = 400  # per FORWARD_EVERY_S; beyond that a flood is thinned (worker.log keeps all)
@@ -266,7 +266,7 @@ class Supervisor:
     def watch(self) -> None:
         """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
         every FORWARD_EVERY_S) or a poll is due, not on a fixed tick: a quiet task's cores are
-        interrupted twice a second, not ten times."""
+        interrupted four times a second, not ten times."""
         progress_at = stats_at = 0.0
         while self.proc.poll() is None:
             if self.forward():
