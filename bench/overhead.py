@@ -11,15 +11,15 @@ from bench.timing import Stat, alternated, paired_ratio, timed
 
 TITLE = "launcher overhead"
 TARGET = "ratio <= 1.05"
-PAIRS = 9  # the job's own time varies by ~1 s from run to run (see `added`): fewer pairs give a median that swings
+PAIRS = 9  # the job's own time varies by up to a second from run to run: fewer pairs give a median that swings
 
 
-def added(wall: float, lines: list[dict | None]) -> float | None:
-    """Wall time around the job: `wall` less the span from the first worker's start (its first line of
-    Python) to the last worker's end of training, both from the workers' BENCH lines."""
+def job_span(lines: list[dict | None]) -> float | None:
+    """From the first worker's start (its first line of Python) to the last one's end of training, from
+    the workers' BENCH lines; None when a worker printed none."""
     if not all(lines):
         return None
-    return wall - (max(x["end"] for x in lines) - min(x["start"] for x in lines))
+    return max(x["end"] for x in lines) - min(x["start"] for x in lines)
 
 
 def job(b: Bench) -> list[str]:
@@ -30,12 +30,12 @@ def job(b: Bench) -> list[str]:
 def run(b: Bench) -> list[Row]:
     command = job(b)
     phases: list[dict] = []
-    around: dict[str, list[float | None]] = {"ours": [], "hand": []}
+    spans: dict[str, list[float | None]] = {"ours": [], "hand": []}
 
     def ours() -> float:
         res = b.up_local("overhead-up", command)
         b.need_ok(res, "overhead")
-        around["ours"].append(added(res.wall, [bench_line(b.task_log(res.run, i)) for i in range(2)]))
+        spans["ours"].append(job_span([bench_line(b.task_log(res.run, i)) for i in range(2)]))
         ph, t0 = res.run.get("phases", {}), res.run["_t0"]
         phases.append({"preflight_s": ph.get("preflight_s"),
                        "all_started_s": round(ph["all_started"] - t0, 3) if "all_started" in ph else None,
@@ -46,8 +46,8 @@ def run(b: Bench) -> list[Row]:
         wall, code, d = b.hand("overhead-hand", command)
         if code != 0:
             raise RuntimeError(f"hand launch failed ({code}); see {d}")
-        around["hand"].append(added(wall, [bench_line((d / f"worker{i}.log").read_text(errors="replace"))
-                                           for i in range(2)]))
+        spans["hand"].append(job_span([bench_line((d / f"worker{i}.log").read_text(errors="replace"))
+                                       for i in range(2)]))
         return wall
 
     ours_s, hand_s = alternated(b.reps if b.quick else max(PAIRS, b.reps), ours, hand)
@@ -64,7 +64,7 @@ def run(b: Bench) -> list[Row]:
             parts[key].append(wall)
 
     b.raw["overhead"] = {"ours": ours_s, "baseline": hand_s, "phases": phases, "parts": parts, "command": command,
-                         "added": around}
+                         "spans": spans}
     pre = Stat([p["preflight_s"] for p in phases if p["preflight_s"] is not None])
     started = Stat([p["all_started_s"] for p in phases if p["all_started_s"] is not None])
     note = (f"the job: a script through `command`, the seeds' MNIST CNN, 2 local workers, batch 64, "
@@ -74,11 +74,13 @@ def run(b: Bench) -> list[Row]:
             f"`up --dry-run` {Stat(parts['dry_run']).fmt('s')}")
     rows = [Row("launcher overhead: `mgpu-cluster up` vs shell script (wall)", Stat(ours_s), Stat(hand_s), "s",
                 paired_ratio(ours_s, hand_s), TARGET, note)]
-    if None not in around["ours"] + around["hand"]:  # every worker printed its BENCH line
-        job_s = Stat([w - c for w, c in zip(hand_s, around["hand"])])
+    if None not in spans["ours"] + spans["hand"]:
+        around_ours = [w - s for w, s in zip(ours_s, spans["ours"])]
+        around_hand = [w - s for w, s in zip(hand_s, spans["hand"])]
+        job_s = Stat(spans["hand"])
         rows.append(Row("launcher overhead: time around the job (wall less the workers' own span)",
-                        Stat(around["ours"]), Stat(around["hand"]), "s",
-                        Stat([(j + a) / (j + c) for j, a, c in zip(job_s.values, around["ours"], around["hand"])]), "",
+                        Stat(around_ours), Stat(around_hand), "s",
+                        Stat([(j + a) / w for j, a, w in zip(spans["hand"], around_ours, hand_s)]), "",
                         "the same pairs; around = `up`'s wall less the span from the first worker's start to the "
                         "last one's end of training (from their BENCH lines): the launcher's start, the "
                         "supervisors', teardown and exit, without the job's own variance (its training time "

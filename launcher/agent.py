@@ -65,6 +65,7 @@ class Agent:
         self.preempted_at: float | None = None
         self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in plans}
         self.events: queue.Queue = queue.Queue()
+        self.heard: dict[int, float] = {}  # when each task of this attempt last sent any record
 
     # -- the state machine: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
     def execute(self) -> None:
@@ -141,7 +142,7 @@ class Agent:
         for t in active:
             t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
             t.proc_status, t.restarts = None, number
-        self.events = queue.Queue()
+        self.events, self.heard = queue.Queue(), {}
         self.preempted_at: float | None = None
         spawn_at = time.time()
         run.phases.setdefault("spawn_started", spawn_at)
@@ -199,7 +200,7 @@ class Agent:
 
     def on_event(self, index: int, ev: protocol.Event) -> str | None:
         task, plan = self.run.tasks[index], self.plan_of[index]
-        now = time.time()
+        now = self.heard[index] = time.time()
         if isinstance(ev, protocol.Started):
             task.state, task.pid, task.create_time = TaskState.RUNNING, ev.pid, ev.create_time
             task.supervisor_pid, task.started_at = ev.supervisor_pid, now
@@ -212,7 +213,8 @@ class Agent:
                 self.mark_phase("all_started")
                 self.owner.save()
         elif isinstance(ev, protocol.Stats):
-            task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
+            if ev.status is not None:  # else a beat without figures
+                task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
         elif isinstance(ev, protocol.Progress):
             task.progress, p = ev.progress, ev.progress
             # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
@@ -258,7 +260,7 @@ class Agent:
         running = [self.run.tasks[p.index] for p in self.plans]
         running = [t for t in running if t.state == TaskState.RUNNING and t.heartbeat]
         if not any(now - t.heartbeat > launch.heartbeat_timeout for t in running):
-            return None
+            return self.check_silence(now)
         # a hang stalls its peers too (they wait in the all-reduce): name the task that stopped, not
         # a waiting peer: a process that is stopped (SIGSTOP), else the one furthest behind, longest silent
         culprit = min(running, key=lambda t: (t.proc_status not in ("stopped", "tracing-stop"),
@@ -269,6 +271,23 @@ class Agent:
         return self.report(self.plan_of[culprit.index],
                            f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
                            f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
+
+    def check_silence(self, now: float) -> str | None:
+        """Before its first step a task has no heartbeat, but its supervisor still sends a record every
+        protocol.BEAT_S: one silent for the lifeline (the bound the supervisors keep towards us) is lost,
+        e.g. its host was cut off while TensorFlow was starting."""
+        if not self.engine.beats:
+            return None
+        launch = self.spec.launch
+        for plan in self.plans:
+            task, heard = self.run.tasks[plan.index], self.heard.get(plan.index)
+            if task.state == TaskState.RUNNING and heard and now - heard > launch.lifeline:
+                task.state = TaskState.FAILED
+                return self.report(plan, f"sent no progress and no sign of life for {now - heard:.0f} s (its supervisor "
+                                         f"reports every {protocol.BEAT_S:g} s; the limit is {launch.lifeline:g} s, from "
+                                         f"heartbeat_timeout = {launch.heartbeat_timeout:g} s): its host is cut off or "
+                                         "down, or its supervisor is stopped")
+        return None
 
     def report(self, plan: TaskPlan, what: str) -> str:
         tail = "\n".join(f"    {line}" for line in self.tails[plan.index]) or "    (no output)"

@@ -180,7 +180,7 @@ def test_run_is_recorded_before_preflight_and_down_stops_the_right_run(cli, tmp_
         cli("down", run_a, timeout=120)
     assert state_of(cli, run_a)["state"] == "stopped"
     assert not wait_gone(cli.home, 10)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "slowpy" in " ".join(p.info["cmdline"] or [])]
+    assert not command_lines_with("slowpy")
 
 
 def test_run_ids_sort_in_start_order_within_one_second():
@@ -319,7 +319,7 @@ def test_ctrl_c_during_check_is_130_and_leaves_nothing(cli, tmp_path):
     assert check.returncode == 130, out
     assert "Traceback" not in out
     time.sleep(0.5)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "slowpy" in " ".join(p.info["cmdline"] or [])]
+    assert not command_lines_with("slowpy")
 
 
 def test_ctrl_c_during_preflight_is_130_and_recorded(cli, tmp_path):
@@ -436,6 +436,28 @@ def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path):
     failure = latest_state(cli)["failure"]
     assert failure.startswith("task 1 ") and "stopped" in failure and "heartbeat_timeout" in failure, failure
     assert not wait_gone(cli.home, 5)
+
+
+def test_a_silent_supervisor_is_lost_even_before_the_first_step(cli, tmp_path):
+    # no progress ever (so no heartbeat), but the supervisor's beats stop: a host cut off while
+    # TensorFlow starts looks like this; its lifeline (heartbeat_timeout within 10 s .. 2 min) ends the wait
+    spec = write_spec(tmp_path, SLEEP, launch="heartbeat_timeout = 4")
+    stopped = []
+
+    def stop_supervisor(_up, st):
+        stopped.append(st["tasks"][1]["supervisor_pid"])
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    t0 = time.time()
+    code, out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
+                             stop_supervisor, "both tasks running")
+    assert code == 1, out
+    failure = latest_state(cli)["failure"]
+    assert failure.startswith("task 1 ") and "no sign of life" in failure and "heartbeat_timeout" in failure, failure
+    assert "Traceback" not in out
+    assert not wait_gone(cli.home, 10)
+    assert not psutil.pid_exists(stopped[0]) or psutil.Process(stopped[0]).status() == psutil.STATUS_ZOMBIE
+    print(f"\nsilent supervisor: up ended {time.time() - t0:.1f} s after both tasks ran")
 
 
 LATE_START = """

@@ -18,11 +18,7 @@ _HOME = {
     "set_mixed_precision": "strategy", "strategy_from_env": "strategy",
 }
 
-__all__ = [
-    "ClusterInfo", "DataContext", "ProgressCallback", "ProgressWriter", "RunConfig", "Task",
-    "WorkerError", "cluster_from_env", "dataset_options", "import_keras", "import_tensorflow",
-    "is_chief", "read_progress", "run", "save_model", "set_mixed_precision", "strategy_from_env",
-]
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ VERSION = 1
 
 EXIT_PREEMPTED = 75  # a task that saved its checkpoint on notice and stopped (EX_TEMPFAIL)
 EXIT_PORT_BUSY = 98  # the supervisor found the task's port taken just before the start (EADDRINUSE)
+BEAT_S = 2.0  # a supervisor sends Stats at least this often, training or not: the launcher's sign of life
 
 
 class TaskState(str, enum.Enum):
@@ -83,6 +84,8 @@ class Progress(Event):
 
 @dataclass(frozen=True)
 class Stats(Event):
+    """Every BEAT_S, with or without figures (psutil may have none yet)."""
+
     kind: ClassVar[str] = "stats"
     cpu_percent: float | None = None
     rss: int | None = None

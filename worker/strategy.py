@@ -197,12 +197,14 @@ def wait_for_chief(info: ClusterInfo, timeout: float = 60.0) -> bool:
     if info.is_chief or not info.multi_worker:
         return True
     host, _, port = info.workers[0].rpartition(":")
+    if not port.isdigit():  # not host:port: nothing to wait for, TensorFlow will say what is wrong
+        return False
     deadline = time.monotonic() + timeout
     while True:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
             return True
-        except (OSError, ValueError):
+        except OSError:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)

@@ -34,7 +34,6 @@ from worker.files import write_private
 
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
-STATS_EVERY_S = 2.0  # CPU%, RSS and state of the task, so that `status` needs no trip to the host
 FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches); a quiet task wakes us for none
 FORWARD_MAX_LINES = 400  # per FORWARD_EVERY_S; beyond that a flood is thinned (worker.log keeps all)
 PENDING_MAX_LINES = 2000
@@ -275,24 +274,29 @@ class Supervisor:
             if now - progress_at >= PROGRESS_POLL_S:
                 progress_at = now
                 self.send_progress()
-            if now - stats_at >= STATS_EVERY_S:
+            if now - stats_at >= protocol.BEAT_S:
                 stats_at = now
                 self.send_stats()
-            self.lines.arrived.wait(max(0.0, min(progress_at + PROGRESS_POLL_S, stats_at + STATS_EVERY_S)
+            self.lines.arrived.wait(max(0.0, min(progress_at + PROGRESS_POLL_S, stats_at + protocol.BEAT_S)
                                         - time.monotonic()))
 
     def send_stats(self) -> None:
+        """CPU%, RSS and state of the task (so that `status` needs no trip to the host), and in any
+        case a record: the launcher counts a supervisor silent for its lifeline as lost."""
+        stats = protocol.Stats()
         try:
             import psutil
 
             if self.ps is None:
                 self.ps = psutil.Process(self.proc.pid)
                 self.ps.cpu_percent(None)  # the first call starts the measuring window
-                return
-            rss = sum(p.memory_info().rss for p in [self.ps, *self.ps.children(recursive=True)])
-            self.emit(protocol.Stats(cpu_percent=round(self.ps.cpu_percent(None), 1), rss=rss, status=self.ps.status()))
-        except Exception:  # psutil missing or the task just ended: stats are optional
+            else:
+                rss = sum(p.memory_info().rss for p in [self.ps, *self.ps.children(recursive=True)])
+                stats = protocol.Stats(cpu_percent=round(self.ps.cpu_percent(None), 1), rss=rss,
+                                       status=self.ps.status())
+        except Exception:  # psutil missing or the task just ended: the figures are optional
             pass
+        self.emit(stats)
 
     # ---- stopping
     def stop(self, reason: str, notice: bool = False) -> None:

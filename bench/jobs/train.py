@@ -78,27 +78,6 @@ def num_workers() -> int:
         return 1
 
 
-def wait_for_chief(timeout: float = 60.0) -> None:
-    """A non-chief worker waits until worker 0's port accepts a connection. Otherwise, when it asks
-    for TensorFlow's coordination service (hosted by worker 0) a moment too soon, gRPC retries only
-    a second later: ~1 s lost at random in about half of all starts, in any launcher: noise, not
-    what is measured. The same as worker.strategy.wait_for_chief (kept here: the job stands alone)."""
-    import socket
-
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    workers = config.get("cluster", {}).get("worker", [])
-    if config.get("task", {}).get("index", 0) == 0 or len(workers) < 2:
-        return
-    host, _, port = workers[0].rpartition(":")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-
-
 def write_progress(data: dict) -> None:
     """progress.json in MGPU_RUN_DIR (set by mgpu-cluster): the launcher's heartbeat."""
     folder = os.environ.get("MGPU_RUN_DIR")
@@ -151,7 +130,9 @@ def run(args: argparse.Namespace) -> dict:
         bytes_per_pack=args.bytes_per_pack,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     if workers > 1:
-        wait_for_chief()
+        from worker.strategy import cluster_from_env, wait_for_chief
+
+        wait_for_chief(cluster_from_env())  # TensorFlow's 1 s retry is noise, not what is measured
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
     else:
         strategy = tf.distribute.get_strategy()

@@ -20,6 +20,7 @@ from launcher.transport import Result, Sink
 class Engine(ABC):
     kind: str = ""
     restarts_itself = False  # the scheduler restarts the group (the agent only follows)
+    beats = False  # every live task sends a record at least every protocol.BEAT_S s, so silence means lost
 
     def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
         self.spec, self.plans = spec, plans

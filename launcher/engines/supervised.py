@@ -13,6 +13,7 @@ from launcher.transport import Handle, Result, Sink, parallel, transports_for
 
 class SupervisedEngine(Engine):
     kind = "supervised"
+    beats = True  # our supervisors' Stats
 
     def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
         super().__init__(spec, plans)
