@@ -84,7 +84,8 @@ def write_table(path: Path, rows: list[Row], command: str, started: float, load:
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} with `{command}` in "
         f"{time.time() - started:.0f} s; {reps} repetition(s) unless a note says how many pairs; each figure "
-        "against its baseline in the same run, interleaved.",
+        "against its baseline in the same run, interleaved; launcher/ and worker/ byte-compiled first, as an "
+        "installed package is.",
         f"Machine: {machine()}; load average at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f} "
         "(shared with other jobs: figures are median [min-max]).",
         "",

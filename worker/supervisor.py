@@ -28,9 +28,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from worker import procs, protocol
 from worker.files import write_private
+
+# worker.procs (psutil) and worker.protocol (dataclasses) take ~30 ms to import: time every task
+# would wait for. They are imported by `_import_rest` once the task is started.
+procs: Any = None
+protocol: Any = None
 
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 PROGRESS_POLL_S = 0.25
@@ -65,14 +70,21 @@ def port_holder(port: int) -> str | None:
     return "another process"
 
 
-def _die_with_parent() -> None:
-    """Child side: get SIGTERM if the supervisor itself is killed (Linux only)."""
+def _import_rest() -> None:
+    global procs, protocol
+    from worker import procs, protocol
+
+
+def _die_with_parent():
+    """A preexec_fn: the child gets SIGTERM if the supervisor itself is killed (Linux only). libc is
+    looked up here, not in the child between fork and exec."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class Lines:
@@ -172,7 +184,7 @@ class Supervisor:
         for stale in ("exit_code", "progress.json", "pid", "task.json"):
             (self.run_dir / stale).unlink(missing_ok=True)
         env = {**os.environ, **self.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
-        self.run_id, self.index = env.get(procs.ENV_RUN, ""), env.get(procs.ENV_TASK, "")
+        self.run_id, self.index = env.get("MGPU_RUN_ID", ""), env.get("MGPU_TASK_INDEX", "")
         fd = os.open(self.run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.log = os.fdopen(fd, "ab", buffering=0)
         self.log_write(f"--- attempt {self.attempt}: {' '.join(self.argv)}\n".encode())
@@ -181,16 +193,19 @@ class Supervisor:
             reason = (f"port {self.port} was taken by {holder} after the preflight, so the task was not started; "
                       "stop that process or choose another port, then run again")
             self.note(reason)
+            _import_rest()
             return self.finish(protocol.EXIT_PORT_BUSY, reason)
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env, preexec_fn=_die_with_parent,
+                start_new_session=True, env=env, preexec_fn=_die_with_parent(),
             )
         except OSError as exc:
             reason = f"cannot start {self.argv[0]!r}: {exc.strerror}"
             self.note(reason)
+            _import_rest()
             return self.finish(127, reason)
+        _import_rest()
         pump = threading.Thread(target=self.pump, daemon=True)
         pump.start()
         if self.cpus:
@@ -309,6 +324,7 @@ class Supervisor:
             self.stop_task(grace)
 
     def stop_task(self, grace: float) -> None:
+        _import_rest()  # a stop may come from another thread as the task starts
         for sig in (signal.SIGTERM, signal.SIGCONT):
             try:
                 os.killpg(self.proc.pid, sig)
