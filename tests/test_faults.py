@@ -555,3 +555,17 @@ def test_logs_follow_ends_when_the_launcher_dies(cli, tmp_path):
     snap = json.loads(cli("status", "--json", timeout=60).stdout)
     assert snap["state"] == "lost" and snap["tasks"][0]["state"] != "running"
     assert latest_state(cli)["state"] == "lost"  # recorded, not only shown
+
+
+@pytest.mark.parametrize("sent", [b"", b'{"MGPU_RUN_ID": "half a line'], ids=["nothing", "half-a-line"])
+def test_a_supervisor_whose_launcher_goes_before_the_environment_starts_nothing(tmp_path, sent):
+    """The launcher died between starting a supervisor and sending the task's environment: the task
+    must not run at all (without its TF_CONFIG and run id it would train alone, unfindable)."""
+    marker = tmp_path / "ran"
+    proc = subprocess.Popen([sys.executable, "-m", "worker.supervisor", "--run-dir", str(tmp_path / "task-0"),
+                             "--env-stdin", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(sent, timeout=60)  # and then stdin ends: the launcher is gone
+    assert proc.returncode == 1 and out == b""
+    assert b"nothing was started" in err and b"Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "task-0" / "worker.log").exists()

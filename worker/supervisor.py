@@ -25,6 +25,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -342,13 +343,14 @@ class Supervisor:
             procs.stop(procs.of_task(self.run_id, self.index), 0)
 
 
-def read_env_line() -> tuple[dict[str, str], bytes]:
-    """The first line of stdin as the task's environment; the rest of what was read."""
+def read_env_line() -> tuple[dict[str, str] | None, bytes]:
+    """The first line of stdin as the task's environment; the rest of what was read. None when stdin
+    ends before a whole line: the launcher went away before the start."""
     buf = b""
     while b"\n" not in buf:
         data = os.read(0, 65536)
         if not data:
-            break
+            return None, b""
         buf += data
     line, _, rest = buf.partition(b"\n")
     env = json.loads(line) if line.strip() else {}
@@ -393,12 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
-    env: dict[str, str] = {}
+    env: dict[str, str] | None = {}
     if args.env_stdin:
         try:
             env, _rest = read_env_line()
         except (ValueError, OSError) as exc:
             parser.error(f"--env-stdin: {exc}")
+        if env is None:  # not a task without its TF_CONFIG and run id: nothing at all
+            print("mgpu supervisor: stdin ended before the task's environment; nothing was started",
+                  file=sys.stderr)
+            return 1
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
     sup = Supervisor(args.run_dir.resolve(), args.attempt, program, env, cpus, args.grace, args.preempt_grace,
                      args.port)
