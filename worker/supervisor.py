@@ -77,8 +77,8 @@ def _import_rest() -> None:
 
 
 def _die_with_parent():
-    """A preexec_fn: the child gets SIGTERM if the supervisor itself is killed (Linux only). libc is
-    looked up here, not in the child between fork and exec."""
+    """The preexec_fn that gives the child SIGTERM if the supervisor itself is killed (Linux only;
+    None elsewhere). libc is looked up here, not in the child between fork and exec."""
     try:
         import ctypes
 
@@ -185,6 +185,7 @@ class Supervisor:
         for stale in ("exit_code", "progress.json", "pid", "task.json"):
             (self.run_dir / stale).unlink(missing_ok=True)
         env = {**os.environ, **self.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        # procs.ENV_RUN and ENV_TASK, spelled out: procs is not imported yet
         self.run_id, self.index = env.get("MGPU_RUN_ID", ""), env.get("MGPU_TASK_INDEX", "")
         fd = os.open(self.run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.log = os.fdopen(fd, "ab", buffering=0)
