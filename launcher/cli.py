@@ -158,10 +158,9 @@ def _exit(code: int) -> None:
         sys.stdout.flush()
     except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    # What sys.exit would do, less the teardown of every module (pydantic, rich: ~40 ms).
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # What sys.exit would do (the interpreter's own two shutdown steps: wait for non-daemon threads,
+    # executors' exit hooks included, then atexit), less the teardown of every module (~40 ms).
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

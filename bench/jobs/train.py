@@ -90,28 +90,6 @@ def write_progress(data: dict) -> None:
     os.replace(tmp, path)
 
 
-def quiet_device_datasets(tf) -> None:
-    """tf.data autotune off in the per-device datasets of distributed iterators.
-
-    Otherwise `fit` under MultiWorkerMirroredStrategy sometimes stalls ~3 s before it returns
-    (autotune threads shutting down), at random, in any launcher: noise, not what is measured.
-    The same workaround as worker.strategy.quiet_device_datasets (kept here: the job stands alone).
-    """
-    try:
-        from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
-
-        original = mdi._create_device_dataset
-    except (ImportError, AttributeError):
-        return
-
-    def create_device_dataset(*a, **kw):
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        return original(*a, **kw).with_options(options)
-
-    mdi._create_device_dataset = create_device_dataset
-
-
 def run(args: argparse.Namespace) -> dict:
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow: Keras 3 cannot fit under MWMS
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -124,15 +102,16 @@ def run(args: argparse.Namespace) -> dict:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     workers = 1 if args.no_sync else num_workers()
-    if workers > 1:
-        quiet_device_datasets(tf)
     comm = tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=args.bytes_per_pack,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     if workers > 1:
-        from worker.strategy import cluster_from_env, wait_for_chief
+        from worker.strategy import cluster_from_env, quiet_device_datasets, wait_for_chief
 
-        wait_for_chief(cluster_from_env())  # TensorFlow's 1 s retry is noise, not what is measured
+        # Neither is what is measured: tf.data autotune's random ~3 s stall at the end of `fit`, and
+        # TensorFlow's 1 s retry when a worker asks before the chief is up.
+        quiet_device_datasets()
+        wait_for_chief(cluster_from_env())
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
     else:
         strategy = tf.distribute.get_strategy()
