@@ -11,7 +11,7 @@ from bench.timing import Stat, alternated, paired_ratio, timed
 
 TITLE = "launcher overhead"
 TARGET = "ratio <= 1.05"
-PAIRS = 9  # the job's own time varies by up to a second from run to run: fewer pairs give a median that swings
+PAIRS = 15  # the job's own time varies by up to a second from run to run: with 9 pairs the median still swings by ±0.02
 
 
 def job_span(lines: list[dict | None]) -> float | None:

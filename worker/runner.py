@@ -282,6 +282,8 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             if (_notice.is_set() or self.target is not None) and not self._noticed:
                 self._noticed = True
                 on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
+                if not _notice.is_set():  # (the supervisor reads progress.json when a line comes)
+                    _say(f"notice from another worker: saving with every worker at global step {self.target}")
             if _notice.is_set() and not self._claimed:
                 self._claimed = True
                 _say(f"notice (SIGTERM) at global step {step}: saving with every worker")
