@@ -277,9 +277,8 @@ class Supervisor:
     @staticmethod
     def since(written: Any) -> float:
         """How long ago the task wrote a record that says `time: written`; we read it up to a poll later."""
-        if not isinstance(written, (int, float)):
-            return 0.0
-        return min(max(time.time() - written, 0.0), PROGRESS_POLL_S)
+        elapsed = time.time() - written if isinstance(written, (int, float)) else 0.0
+        return min(elapsed, PROGRESS_POLL_S) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
 
     def past_grace(self) -> None:
         if self.proc.poll() is None:
