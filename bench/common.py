@@ -230,7 +230,7 @@ class Bench:
         with open(d / "hand.out", "w") as out:
             code = subprocess.run(["bash", str(HAND), str(p0), str(p1), str(d), "--", *command], stdout=out,
                                   stderr=subprocess.STDOUT, env={**self.env(), **(env or {})}, cwd=d,
-                                  timeout=600).returncode
+                                  timeout=600, start_new_session=True).returncode  # as `up` is: see self.up
         return time.time() - t0, code, d
 
     def task_log(self, run: dict, index: int, workdir: Path | None = None) -> str:

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +18,10 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
 from worker import protocol
+
+# A supervisor leads a process group (a terminal's Ctrl-C reaches only us; killpg) in our session:
+# the run's tasks share one scheduler autogroup, as when started by hand (see worker.supervisor.OWN_GROUP)
+OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 T = TypeVar("T")
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
@@ -185,7 +190,7 @@ class LocalTransport(Transport):
     def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
         proc = subprocess.Popen(
             plan.supervisor_argv(attempt), cwd=plan.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            stderr=subprocess.STDOUT, **OWN_GROUP,
         )
         try:
             proc.stdin.write(env_line(plan))
@@ -215,7 +220,7 @@ class LocalTransport(Transport):
 
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the whole group (a shell and its sleep)
+        os.killpg(proc.pid, signal.SIGKILL)  # its own group: all of it (a shell and its sleep)
     except (ProcessLookupError, PermissionError):
         pass
     try:
