@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,10 +17,7 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
 from worker import protocol
-
-# A supervisor leads a process group (a terminal's Ctrl-C reaches only us; killpg) in our session:
-# the run's tasks share one scheduler autogroup, as when started by hand (see worker.supervisor.OWN_GROUP)
-OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+from worker.spawn import OWN_GROUP
 
 T = TypeVar("T")
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records

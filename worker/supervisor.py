@@ -32,16 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.files import write_private
+from worker.spawn import OWN_GROUP
 
 # worker.procs (psutil) and worker.protocol (dataclasses) take ~30 ms to import: time every task
 # would wait for. They are imported by `_import_rest` once the task is started.
 procs: Any = None
 protocol: Any = None
 
-# The task leads a process group (killpg stops what it started) but stays in our session, which is
-# the launcher's: one session is one scheduler autogroup, as for workers started by hand. Tasks in
-# sessions of their own stepped 1.2 ms slower of 37 on 2 busy cores (16 pairs, 20 wake-ups/s elsewhere).
-OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 GRACE_S = 1.0  # TensorFlow catches SIGTERM (its preemption notifier) and keeps going
 # progress.json is written at most once a second (MGPU_PROGRESS_INTERVAL): a faster poll shows nothing
 # newer, and each wake-up takes a core from the training (4 a second cost ~2% of the steps on 2 cores)
@@ -281,7 +278,10 @@ class Supervisor:
     @staticmethod
     def since(written: Any) -> float:
         """How long ago the task wrote a record that says `time: written`; we read it up to a poll later."""
-        elapsed = time.time() - written if isinstance(written, (int, float)) else 0.0
+        try:
+            elapsed = time.time() - float(written)
+        except (TypeError, ValueError, OverflowError):  # no time, or not one (a user's own record)
+            return 0.0
         return min(elapsed, PROGRESS_POLL_S) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
 
     def past_grace(self) -> None:
