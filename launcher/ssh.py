@@ -201,7 +201,7 @@ class SSHTransport(Transport):
             while isinstance(hop.gateway, Connection) and not hop.gateway.is_connected:
                 hop = hop.gateway
             message = self._explain(hop, exc, via=None if hop is conn else conn)
-            conn.close()
+            _close(conn)
             raise HostUnreachable(message) from None
         conn.transport.set_keepalive(5)
         return conn
@@ -248,7 +248,7 @@ class SSHTransport(Transport):
         with self.lock:
             conn, self.conn = self.conn, None
         if conn is not None:
-            threading.Thread(target=conn.close, daemon=True).start()  # never block on a dead peer
+            threading.Thread(target=_close, args=(conn,), daemon=True).start()  # never block on a dead peer
 
     def _session(self, timeout: float, overflow: bool = False) -> paramiko.Channel:
         """A new session channel: on the host's connection, else (sshd refused one more session on it:
@@ -288,7 +288,7 @@ class SSHTransport(Transport):
                 ch.exec_command(command)
                 return ch
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                ch.close()
+                _close(ch)
                 if overflow or not ch.get_transport().is_active():
                     raise HostUnreachable(f"{self.where}: cannot run a command over SSH: {exc}") from None
         raise AssertionError("unreachable")
@@ -320,7 +320,7 @@ class SSHTransport(Transport):
             self._drop()
             raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
         finally:
-            ch.close()
+            _close(ch)
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
@@ -344,15 +344,15 @@ class SSHTransport(Transport):
                     while ch.recv_stderr_ready():
                         err.extend(ch.recv_stderr(65536))
                     code = ch.recv_exit_status()
-                    ch.close()
+                    _close(ch)
                     return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
                 elif time.monotonic() > deadline:
-                    ch.close()
+                    _close(ch)
                     raise HostUnreachable(f"{self.where}: the host check did not answer within {timeout:g} s")
                 else:
                     time.sleep(POLL_S)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            ch.close()
+            _close(ch)
             self._drop()
             raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
         with self.channels_lock:
@@ -372,7 +372,7 @@ class SSHTransport(Transport):
                 raise OSError("no held check")
         except (OSError, EOFError, paramiko.SSHException):
             if held is not None:
-                held.close()
+                _close(held)
             argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
             channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
         try:
@@ -386,13 +386,16 @@ class SSHTransport(Transport):
                 self.keepalive.start()
 
         def run() -> None:
-            exited = pump(plan.index, _lines(channel), sink)
-            if not exited:
-                sink.event(plan.index, protocol.Lost(
-                    f"the SSH connection to {self.where} ended with no exit report (the host went down, or its "
-                    "sshd or the task's processes were killed)"))
-            self.forget(channel)
-            channel.close()
+            exited = False
+            try:
+                exited = pump(plan.index, _lines(channel), sink)
+            finally:  # whatever ends the pump, the agent hears of it
+                if not exited:
+                    sink.event(plan.index, protocol.Lost(
+                        f"the SSH connection to {self.where} ended with no exit report (the host went down, or "
+                        "its sshd or the task's processes were killed)"))
+                self.forget(channel)
+                _close(channel)
 
         threading.Thread(target=run, daemon=True).start()
         return SSHHandle(channel, self)
@@ -469,12 +472,21 @@ class SSHTransport(Transport):
         with self.channels_lock:
             held, self.held = list(self.held.values()), {}
         for ch in held:  # EOF: a check that was kept for a start that did not come ends itself
-            ch.close()
+            _close(ch)
         with self.lock:
             conns, self.conn, self.extra = [self.conn, *self.extra], None, []
         for conn in conns:
             if conn is not None:
-                conn.close()
+                _close(conn)
+
+
+def _close(thing: paramiko.Channel | Connection) -> None:
+    """Close a channel or connection whose peer may be gone: closing sends a message, and on a socket
+    the peer has just reset that raises (EPIPE, EOFError), which must not end the thread that closes."""
+    try:
+        thing.close()
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
 
 
 def _sftp_dir(workdir: str | None) -> str:

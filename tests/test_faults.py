@@ -317,7 +317,7 @@ def test_ctrl_c_during_check_is_130_and_leaves_nothing(cli, tmp_path):
     check.send_signal(signal.SIGINT)
     out, _ = check.communicate(timeout=30)
     assert check.returncode == 130, out
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     time.sleep(0.5)
     assert not command_lines_with("slowpy")
 
@@ -454,7 +454,7 @@ def test_a_silent_supervisor_is_lost_even_before_the_first_step(cli, tmp_path):
     assert code == 1, out
     failure = latest_state(cli)["failure"]
     assert failure.startswith("task 1 ") and "no sign of life" in failure and "heartbeat_timeout" in failure, failure
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     assert not wait_gone(cli.home, 10)
     assert not psutil.pid_exists(stopped[0]) or psutil.Process(stopped[0]).status() == psutil.STATUS_ZOMBIE
     print(f"\nsilent supervisor: up ended {time.time() - t0:.1f} s after both tasks ran")

@@ -93,7 +93,7 @@ def test_ctrl_c_during_check_exits_130_and_kills_its_doctor(cli, tmp_path):
             check.kill()
             check.wait()
     assert check.returncode == 130, out
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     gone = lambda: not doctor.is_running() or doctor.status() == psutil.STATUS_ZOMBIE  # noqa: E731
     assert wait_for(gone, 10, "the doctor to be gone")
 

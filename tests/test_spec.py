@@ -72,7 +72,7 @@ def test_malformed_spec_exits_2_and_names_the_field(cli, tmp_path, name, text, n
     r = cli("check", spec, timeout=60)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     assert str(spec) in out
     assert needle in out, out
 

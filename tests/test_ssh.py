@@ -264,7 +264,7 @@ def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
         th.revive(victim)
     assert code == 1, out
     assert f"task {victim} ({th.addresses[victim]}:{PORT}) was lost" in out, out
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     assert not wait_gone(tmp_path, 30), "a process of the run survived on some host"
     snap = status_json(cli)
     assert snap["state"] == "failed" and snap["tasks"][victim]["state"] in ("lost", "failed")
