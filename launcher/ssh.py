@@ -32,7 +32,6 @@ from launcher.errors import MgpuError
 from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
 from launcher.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
-from worker import protocol
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
 
@@ -386,14 +385,11 @@ class SSHTransport(Transport):
                 self.keepalive.start()
 
         def run() -> None:
-            exited = False
             try:
-                exited = pump(plan.index, _lines(channel), sink)
-            finally:  # whatever ends the pump, the agent hears of it
-                if not exited:
-                    sink.event(plan.index, protocol.Lost(
-                        f"the SSH connection to {self.where} ended with no exit report (the host went down, or "
-                        "its sshd or the task's processes were killed)"))
+                pump(plan.index, _lines(channel), sink,
+                     lambda: f"the SSH connection to {self.where} ended with no exit report (the host went down, "
+                             "or its sshd or the task's processes were killed)")
+            finally:
                 self.forget(channel)
                 _close(channel)
 

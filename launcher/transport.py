@@ -62,23 +62,27 @@ class Sink(Protocol):
     def garbage(self, index: int, text: str) -> None: ...
 
 
-def pump(index: int, lines: Iterable[bytes], sink: Sink) -> bool:
-    """Feed a supervisor's records to `sink`; True when it reported its exit."""
+def pump(index: int, lines: Iterable[bytes], sink: Sink, lost: Callable[[], str]) -> None:
+    """Feed a supervisor's records to `sink` until its lines end. When no exit report came, however the
+    lines ended (also by an error reading them), the task is reported Lost, for the reason lost() gives."""
     exited = False
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            event = protocol.decode(line)
-        except protocol.BadRecord:
-            sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
-            continue
-        if isinstance(event, protocol.Output):
-            sink.output(index, event.lines, event.dropped)
-        else:
-            exited |= isinstance(event, protocol.Exit)
-            sink.event(index, event)
-    return exited
+    try:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = protocol.decode(line)
+            except protocol.BadRecord:
+                sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
+                continue
+            if isinstance(event, protocol.Output):
+                sink.output(index, event.lines, event.dropped)
+            else:
+                exited |= isinstance(event, protocol.Exit)
+                sink.event(index, event)
+    finally:
+        if not exited:
+            sink.event(index, protocol.Lost(lost()))
 
 
 def env_line(plan: TaskPlan) -> bytes:
@@ -195,10 +199,9 @@ class LocalTransport(Transport):
             pass  # it died at once: its output and exit code tell why
 
         def run() -> None:
-            exited = pump(plan.index, _lines(proc.stdout), sink)
-            code = proc.wait()
-            if not exited:
-                sink.event(plan.index, protocol.Lost(f"its supervisor ended with code {code} and no exit report"))
+            pump(plan.index, _lines(proc.stdout), sink,
+                 lambda: f"its supervisor ended with code {proc.wait()} and no exit report")
+            proc.wait()  # reaped also when it reported its exit
 
         threading.Thread(target=run, daemon=True).start()
         return LocalHandle(proc)

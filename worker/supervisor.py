@@ -263,10 +263,12 @@ class Supervisor:
     def send_progress(self) -> None:
         try:
             text = (self.run_dir / "progress.json").read_text()
+            if text == self.last_progress:  # read on each output batch too: most reads find nothing new
+                return
             data = json.loads(text)
         except (OSError, ValueError):
             return
-        if text != self.last_progress and isinstance(data, dict):
+        if isinstance(data, dict):
             self.last_progress = text
             self.emit(protocol.Progress(progress=data))
             if data.get("state") == "preempting" and not self.stopping.is_set():
