@@ -112,7 +112,7 @@ def down(run: Optional[str] = RunArg):
 
 
 def main() -> None:
-    from launcher import interrupts
+    from launcher.run import interrupts
 
     interrupts.install()  # Ctrl-C, TERM, HUP: exit 130 from any command, at any moment
     try:
@@ -147,7 +147,7 @@ def main() -> None:
 
 
 def _error(message: str) -> None:
-    from launcher.output import Output
+    from launcher.run.output import Output
 
     Output(threaded=False).error(message)
 

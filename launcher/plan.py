@@ -33,7 +33,7 @@ class TaskPlan:
     def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
-        return [self.python, "-m", "worker.supervisor", "--run-dir", self.run_dir, "--attempt", str(attempt),
+        return [self.python, "-m", "worker.task.supervised", "--run-dir", self.run_dir, "--attempt", str(attempt),
                 "--port", str(self.host.port), "--grace", f"{self.grace:g}",
                 "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra, "--", *self.argv]
 
@@ -82,10 +82,6 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
 
     A task keeps its index and folder whatever the others do; its TF_CONFIG names only the
     hosts that take part, and its rank among them."""
-    if spec.slurm is not None:  # Slurm picks the nodes: each task learns its host and TF_CONFIG at start
-        from launcher.engines.slurm import plan_slurm
-
-        return plan_slurm(spec, run_id)
     chosen = list(range(len(spec.hosts))) if only is None else list(only)
     cluster = spec if only is None else spec.model_copy(update={"hosts": [spec.hosts[i] for i in chosen]})
     plans = []

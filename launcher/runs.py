@@ -11,15 +11,14 @@ import os
 import signal
 import time
 
-from launcher import record
+from launcher.run import record
 from launcher.engines import Engine, engine_for
 from launcher.errors import RunFailed, RunNotFound
-from launcher.output import Output
-from launcher.plan import plan_tasks
+from launcher.run.output import Output
 from launcher.spec import load_spec
-from launcher.transport import parallel
-from launcher.tables import status_plain, status_table
-from worker import procs
+from launcher.engines.base import parallel
+from launcher.run.tables import status_plain, status_table
+from worker.task import procs
 from worker.protocol import EXIT_PREEMPTED, RunState, TaskState
 
 DOWN_WAIT_S = 60.0
@@ -27,7 +26,9 @@ DOWN_WAIT_S = 60.0
 
 def _engine(run: record.RunRecord) -> Engine:
     spec = load_spec(record.run_path(run.run_id) / "spec.toml")
-    return engine_for(spec, plan_tasks(spec, run.run_id))
+    engine = engine_for(spec, run.run_id)
+    engine.attach({t.index: (t.host, t.port) for t in run.tasks}, run.job)
+    return engine
 
 
 def _task_state(row: dict) -> TaskState:

@@ -17,7 +17,7 @@ def tf_config(spec: ClusterSpec, index: int) -> dict:
         from launcher.errors import SpecError
 
         raise SpecError("with [slurm], each task builds its TF_CONFIG when it starts, from the nodes Slurm gave "
-                        "the job (worker.slurm_task); 'mgpu-cluster up --dry-run' shows the batch script")
+                        "the job (worker.task.slurm); 'mgpu-cluster up --dry-run' shows the batch script")
     if not 0 <= index < spec.num_workers:
         raise IndexError(f"task {index} does not exist; the spec has tasks 0..{spec.num_workers - 1}")
     return {"cluster": {"worker": cluster_addresses(spec)}, "task": {"type": "worker", "index": index}}

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import shlex
 import time
 from pathlib import Path
 
-from launcher import interrupts, record
-from launcher.agent import Agent
+from launcher.run import interrupts, record
+from launcher.run.agent import Agent
 from launcher.engines import engine_for
 from launcher.errors import Interrupted, PreflightError, RunFailed
-from launcher.output import Output
-from launcher.plan import mask_env, plan_tasks
+from launcher.run.output import Output
 from launcher.spec import load_spec
-from launcher.tables import checks_table, summary
+from launcher.run.tables import checks_table, summary
 from worker.protocol import RunState
 
 
@@ -28,8 +25,7 @@ def refuse(checks) -> None:
 
 def check(spec_path: Path) -> None:
     spec = load_spec(spec_path)
-    plans = plan_tasks(spec, "check")
-    engine = engine_for(spec, plans)
+    engine = engine_for(spec, "check")
     out = Output(threaded=False)
     try:
         checks = engine.preflight(Path(spec_path).parent, out.say)
@@ -39,50 +35,35 @@ def check(spec_path: Path) -> None:
         engine.close()
 
 
-def print_dry_run(plans, out: Output) -> None:
-    for p in plans:
-        where = "local process" if p.host.is_local else f"ssh {p.host.user + '@' if p.host.user else ''}{p.host.address}"
-        out.console.print(f"[bold]{p.label}[/] via {where}")
-        out.console.print(f"  folder:  {p.cwd or ('(login folder)' if not p.host.is_local else os.getcwd())}")
-        out.console.print(f"  run dir: {p.run_dir}")
-        out.console.print(f"  command: {shlex.join(p.supervisor_argv(0))}", markup=False)
-        for k, v in mask_env(p.env).items():
-            out.console.print(f"  env {k}={v}", markup=False)
-
-
 def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool = False, verbose: bool = False,
        run_id: str | None = None) -> None:
     spec = load_spec(spec_path)
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
-    plans = plan_tasks(spec, run_id)
+    engine = engine_for(spec, run_id)
+    plans = engine.plans
     if dry_run:
-        if spec.slurm is not None:  # the batch script, as it would be submitted
-            from launcher.engines.slurm import print_dry_run as slurm_dry_run
-
-            return slurm_dry_run(spec, plans, Output(threaded=False))
-        return print_dry_run(plans, Output(threaded=False))
+        out = Output(threaded=False)
+        return engine.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
     if detach:
-        from launcher.detach import start_detached
+        from launcher.run.detach import start_detached
 
         return start_detached(spec_path, run_id, len(plans), verbose)
     owner = record.Owner.create(run_id, spec_path, plans, detached=background)
     run = owner.record
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
-    engine = engine_for(spec, plans)
-    run.engine = engine.kind
+    run.engine = str(engine.kind)
     claims: list[record.Lock] = []
     t0 = time.time()
     try:
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
-        if spec.slurm is None:  # with Slurm, the nodes (and so the host:port pairs) are Slurm's choice
-            claims = record.claim_ports(run_id, plans)
+        claims = engine.claim_ports()
         checks = engine.preflight(Path(spec_path).parent, out.say, for_start=True)
         out.show(checks_table(checks))
         refuse(checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)
         out.say(f"starting {len(plans)} task(s); logs in {record.run_path(run_id)}")
-        agent = Agent(spec, plans, engine, owner, out)
+        agent = Agent(spec, engine, owner, out)
         try:
             agent.execute()
         finally:

@@ -185,7 +185,7 @@ def test_run_is_recorded_before_preflight_and_down_stops_the_right_run(cli, tmp_
 
 def test_run_ids_sort_in_start_order_within_one_second():
     # `down`/`status` without a run id act on the last id: a run started 0.1 s after another must sort after it
-    from launcher.record import RUN_ID, new_run_id
+    from launcher.run.record import RUN_ID, new_run_id
 
     ids = []
     for _ in range(40):
@@ -292,7 +292,7 @@ def test_setsid_children_are_gone_after_down(cli, tmp_path):
 
 def test_a_recycled_pid_is_never_signalled(tmp_path):
     """A task folder naming a live process that is not the one it started (other create time)."""
-    from worker.probe import stop
+    from worker.task.probe import stop
 
     stranger = subprocess.Popen(["sleep", "600"])
     try:
@@ -508,7 +508,7 @@ def test_restart_report_names_the_failure_that_caused_it(cli, tmp_path):
 
 HOLD_PORT = """#!/bin/sh
 # the task's interpreter: before the supervisor starts, something else takes the task's port
-case "$*" in *worker.supervisor*)
+case "$*" in *worker.task.supervised*)
   port=$(echo "$*" | sed 's/.*--port \\([0-9]*\\).*/\\1/')
   {python} -c "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); time.sleep(60)" &
   echo $! > {pidfile}
@@ -562,7 +562,7 @@ def test_a_supervisor_whose_launcher_goes_before_the_environment_starts_nothing(
     """The launcher died between starting a supervisor and sending the task's environment: the task
     must not run at all (without its TF_CONFIG and run id it would train alone, unfindable)."""
     marker = tmp_path / "ran"
-    proc = subprocess.Popen([sys.executable, "-m", "worker.supervisor", "--run-dir", str(tmp_path / "task-0"),
+    proc = subprocess.Popen([sys.executable, "-m", "worker.task.supervised", "--run-dir", str(tmp_path / "task-0"),
                              "--env-stdin", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(sent, timeout=60)  # and then stdin ends: the launcher is gone

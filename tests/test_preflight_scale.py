@@ -104,9 +104,9 @@ COUNT = """
 import json, sys, time
 from pathlib import Path
 from launcher.plan import plan_tasks
-from launcher.preflight import preflight
+from launcher.engines.supervised.preflight import preflight
 from launcher.spec import load_spec
-from launcher.transport import transports_for
+from launcher.engines.supervised import transports_for
 
 spec = load_spec(sys.argv[1])
 plans = plan_tasks(spec, "check")

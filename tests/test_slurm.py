@@ -19,7 +19,7 @@ import pytest
 from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
 from launcher.engines.slurm import batch_script, parse_time, plan_slurm, sbatch_options
 from launcher.spec import parse_spec
-from worker import slurm_task
+from worker.task import slurm as slurm_task
 
 PY = sys.executable
 DIGITS = ["-m", "worker", "--entrypoint", "worker.examples.digits:task"]

@@ -25,8 +25,8 @@ from conftest import IN_CI, REPO, Cli, command_lines_with, latest_state, reap, r
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
 
-from launcher.preflight import sync_files  # noqa: E402
-from launcher.ssh import _cd, shell_command  # noqa: E402
+from launcher.engines.supervised.preflight import sync_files  # noqa: E402
+from launcher.engines.supervised.ssh import _cd, shell_command  # noqa: E402
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 and not IN_CI,
@@ -180,7 +180,7 @@ def status_json(cli, *args) -> dict:
 def nothing_started(tmp_path: Path, cli) -> None:
     """No task folder on any host, no process of a run."""
     assert not list((tmp_path / "wd").glob(".mgpu/runs/*/task-*")), "a task was started"
-    assert not [p for p in run_processes(tmp_path) if "worker.supervisor" in " ".join(p.info["cmdline"] or [])]
+    assert not [p for p in run_processes(tmp_path) if "worker.task.supervised" in " ".join(p.info["cmdline"] or [])]
 
 
 # --------------------------------------------------------------------------- acceptance

@@ -211,7 +211,7 @@ def test_dry_run_masks_secrets_and_starts_nothing(cli, tmp_path):
     r = cli("up", "--dry-run", spec, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "hunter2" not in r.stdout and "API_TOKEN=****" in r.stdout and "PLAIN=visible" in r.stdout
-    assert "TF_CONFIG=" in r.stdout and "worker.supervisor" in r.stdout
+    assert "TF_CONFIG=" in r.stdout and "worker.task.supervised" in r.stdout
     assert not (tmp_path / "started").exists() and not run_processes(cli.home)
 
 

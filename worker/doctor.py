@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
     print(json.dumps(report), flush=True)
     if args.hold and _line(args.hold) == b"go":
-        from worker import supervisor
+        from worker.task import supervised as supervisor
 
         code = supervisor.main(args.supervisor[1:] if args.supervisor[:1] == ["--"] else args.supervisor)
         os._exit(code)  # as the supervisor's own __main__: don't wait for its watcher threads

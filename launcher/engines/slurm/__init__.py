@@ -2,7 +2,7 @@
 
 `up` writes a batch script into the run's folder under [slurm].workdir (shared by every node) and
 submits it; the job runs one `srun --kill-on-bad-exit=1` step (one task per node, each task
-`python -m worker.slurm_task`), and starts the step again itself after a failure while
+`python -m worker.task.slurm`), and starts the step again itself after a failure while
 max_restarts allows. Inside an existing allocation (SLURM_JOB_ID set) `up` runs the step with
 `srun` directly and the agent restarts it. The launcher follows the tasks through their files in
 the shared run folder (task.json, worker.log, progress.json, exit_code) and the job through
@@ -27,14 +27,13 @@ from typing import Callable
 
 from pydantic import PrivateAttr
 
-from launcher.engines import Engine
+from launcher.engines.base import Engine, EngineKind, Result, Sink, TaskCheck
 from launcher.plan import TaskPlan, mask_env, worker_argv
 from launcher.spec import ClusterSpec, Host
-from launcher.transport import Result, Sink
 from worker import protocol
-from worker.files import write_private
+from worker.task.files import write_private
 from worker.protocol import TaskState
-from worker.supervisor import Lines
+from worker.task.supervised import Lines
 
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
 POLL_S = 0.2  # the tasks' files
@@ -86,7 +85,7 @@ class SlurmTaskPlan(TaskPlan):
 
 
 def common_env(spec: ClusterSpec, run_id: str) -> dict[str, str]:
-    """What every task gets (env.json); worker.slurm_task adds TF_CONFIG, MGPU_TASK_INDEX, MGPU_RUN_DIR."""
+    """What every task gets (env.json); worker.task.slurm adds TF_CONFIG, MGPU_TASK_INDEX, MGPU_RUN_DIR."""
     cfg = spec.slurm
     env = {"MGPU_RUN_ID": run_id, "MGPU_NUM_WORKERS": str(cfg.nodes), "TF_USE_LEGACY_KERAS": "1",
            "PYTHONUNBUFFERED": "1"}
@@ -131,7 +130,7 @@ def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
 def srun_argv(spec: ClusterSpec, run_id: str, attempt: str) -> list[str]:
     """The step: one task per node, the whole step ended by Slurm when one task fails."""
     cfg, root = spec.slurm, run_folder(spec, run_id)
-    wrapper = [cfg.python, "-m", "worker.slurm_task", "--run-dir", root, "--attempt", attempt,
+    wrapper = [cfg.python, "-m", "worker.task.slurm", "--run-dir", root, "--attempt", attempt,
                "--grace", f"{spec.launch.stop_grace:g}", "--preempt-grace", f"{spec.launch.preempt_grace:g}"]
     if cfg.port:
         wrapper += ["--port", str(cfg.port)]
@@ -217,10 +216,8 @@ def batch_script(spec: ClusterSpec, run_id: str) -> str:
     ])
 
 
-def print_dry_run(spec: ClusterSpec, plans: list[TaskPlan], out) -> None:
-    run_id = plans[0].env["MGPU_RUN_ID"]
+def print_dry_run(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) -> None:
     root = run_folder(spec, run_id)
-    say = lambda text: out.console.print(text, markup=False, highlight=False)  # noqa: E731
     if os.environ.get("SLURM_JOB_ID"):
         say(f"# inside allocation {os.environ['SLURM_JOB_ID']}: the step runs directly, in {root}")
         say(shlex.join(srun_argv(spec, run_id, "0")))
@@ -332,12 +329,12 @@ class _Follow:
 # --------------------------------------------------------------------------- the engine
 
 class SlurmEngine(Engine):
-    kind = "slurm"
+    kind = EngineKind.SLURM
 
-    def __init__(self, spec: ClusterSpec, plans: list[TaskPlan]):
-        super().__init__(spec, plans)
+    def __init__(self, spec: ClusterSpec, run_id: str, only: list[int] | None = None):
+        super().__init__(spec, run_id, only)
+        plans = self.plans
         self.cfg = spec.slurm
-        self.run_id = plans[0].env["MGPU_RUN_ID"]
         self.root = Path(run_folder(spec, self.run_id))
         saved = _json(self.root / "job.json")  # a run started before (status, logs, down)
         self.job_id: str | None = saved.get("job_id")
@@ -359,10 +356,17 @@ class SlurmEngine(Engine):
         self.job: dict = {}  # the job's last `scontrol show job` record
         self.ended_since: float | None = None
 
+    def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
+        return plan_slurm(self.spec, self.run_id)
+
+    def dry_run(self, say: Callable[[str], None]) -> None:
+        print_dry_run(self.spec, self.run_id, say)
+
+    def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        raise NotImplementedError
+
     # ---- preflight
     def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list:
-        from launcher.preflight import TaskCheck
-
         self.say = say
         title = (f"the Slurm job ({self.cfg.nodes} node(s), partition {self.cfg.partition or '(default)'})"
                  if self.mode == "batch" else f"the step in allocation {self.job_id}")

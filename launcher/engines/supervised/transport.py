@@ -11,55 +11,14 @@ import os
 import signal
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+from typing import Callable, Iterable
 
+from launcher.engines.base import Sink, parallel
 from launcher.plan import TaskPlan
 from worker import protocol
-from worker.spawn import OWN_GROUP
+from worker.task.spawn import OWN_GROUP
 
-T = TypeVar("T")
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
-MAX_THREADS = 32
-
-
-@dataclass(frozen=True)
-class Result(Generic[T]):
-    """One host's (or task's) outcome: a value, or the error that stopped it."""
-
-    value: T | None = None
-    error: Exception | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def parallel(fn: Callable[[Any], T], items: list, width: int = MAX_THREADS) -> list[Result[T]]:
-    """fn over items in threads (at most `width` at once); every item's Result, in order:
-    one host's failure never hides another's."""
-    def one(item) -> Result[T]:
-        try:
-            return Result(value=fn(item))
-        except Exception as exc:
-            return Result(error=exc)
-
-    if len(items) <= 1:
-        return [one(i) for i in items]
-    pool = ThreadPoolExecutor(max(1, min(width, len(items))))
-    try:
-        return list(pool.map(one, items))
-    finally:  # on Ctrl-C, return at once: the caller's close() ends what the threads wait on
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-class Sink(Protocol):
-    def event(self, index: int, event: protocol.Event) -> None: ...
-
-    def output(self, index: int, lines: list[str], dropped: int) -> None: ...
-
-    def garbage(self, index: int, text: str) -> None: ...
 
 
 def pump(index: int, lines: Iterable[bytes], sink: Sink, lost: Callable[[], str]) -> None:
@@ -102,7 +61,7 @@ class Transport:
         raise NotImplementedError
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
-        """Per task what its folder says (worker.probe.probe_many), in plan order."""
+        """Per task what its folder says (worker.task.probe.probe_many), in plan order."""
         raise NotImplementedError
 
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
@@ -207,12 +166,12 @@ class LocalTransport(Transport):
         return LocalHandle(proc)
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
-        from worker.probe import probe_many
+        from worker.task.probe import probe_many
 
         return probe_many([_abs(p) for p in plans])
 
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
-        from worker.probe import stop
+        from worker.task.probe import stop
 
         return [r.value if r.ok else {"error": str(r.error)} for r in parallel(lambda p: stop(_abs(p)), plans)]
 
@@ -230,21 +189,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _abs(plan: TaskPlan) -> str:
     return os.path.join(plan.cwd or os.getcwd(), plan.run_dir)
-
-
-def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
-    """The transport of each task: one local transport, one SSH transport per remote host."""
-    local = LocalTransport()
-    remote: dict[tuple, Transport] = {}
-    out = []
-    for plan in plans:
-        if plan.host.is_local:
-            out.append(local)
-            continue
-        key = (plan.host.address, plan.host.user, plan.host.ssh_port)
-        if key not in remote:
-            from launcher.ssh import SSHTransport  # fabric is imported only when a host needs it
-
-            remote[key] = SSHTransport(plan.host, spec.launch)
-        out.append(remote[key])
-    return out

@@ -13,30 +13,19 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
-from launcher.transport import LocalTransport, Transport, parallel
+from launcher.engines.base import TaskCheck, parallel
+from launcher.engines.supervised.transport import LocalTransport, Transport
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
 HOSTS_AT_ONCE = 16
 HOLD_S = 120.0  # how long a held doctor waits for the start
 SKIP_DIRS = {"__pycache__"}
-
-
-@dataclass
-class TaskCheck:
-    plan: TaskPlan
-    problems: list[str] = field(default_factory=list)
-    versions: dict = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def each(fn: Callable, items: list, width: int) -> list[tuple]:

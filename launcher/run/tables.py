@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from launcher.record import RunRecord
+from launcher.run.record import RunRecord
 
 
 def checks_table(checks) -> Table:

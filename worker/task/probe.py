@@ -1,6 +1,6 @@
 """Reads (or stops) a run's tasks on this host from their folders (no TensorFlow here).
 
-    python -m worker.probe [--stop] DIR...   prints one JSON object per task folder
+    python -m worker.task.probe [--stop] DIR...   prints one JSON object per task folder
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from worker import procs
+from worker.task import procs
 
 
 def _read(path: Path) -> str | None:

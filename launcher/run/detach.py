@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import record
+from launcher.run import record
 from launcher.errors import Interrupted, RunFailed, RunNotFound
-from launcher.output import Output
+from launcher.run.output import Output
 from worker.protocol import RunState
 
 DETACH_WAIT_S = 300.0

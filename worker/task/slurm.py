@@ -1,6 +1,6 @@
 """One task of a Slurm run, started by `srun` on its node (no TensorFlow here).
 
-    python -m worker.slurm_task --run-dir RUN --attempt N [--port P] [--grace S] [--preempt-grace S] -- PROGRAM ARGS...
+    python -m worker.task.slurm --run-dir RUN --attempt N [--port P] [--grace S] [--preempt-grace S] -- PROGRAM ARGS...
 
 It builds the task's environment (TF_CONFIG from the step's nodes in Slurm's order, mapped to
 their NodeAddr, rank from SLURM_PROCID; MGPU_*; RUN/env.json), writes pid, task.json, stats.json
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from worker.protocol import EXIT_PREEMPTED
-from worker.files import write_private
+from worker.task.files import write_private
 
 PORT_BASE, PORT_SPAN = 20000, 10000
 EXIT_SETUP = 2  # this task could not be set up (Slurm's view of the step, a busy port): see worker.log
@@ -161,7 +161,7 @@ class Task:
             self.port = port
         except (SetupError, OSError, ValueError, KeyError) as exc:
             return self.refuse(info, f"cannot set up this task: {exc}")
-        from worker.supervisor import port_holder  # no TensorFlow there either
+        from worker.task.supervised import port_holder  # no TensorFlow there either
 
         holder = port_holder(port)
         if holder:
@@ -246,7 +246,7 @@ class Task:
 
     def sweep(self, grace: float = 1.0) -> None:
         """Every process still carrying this task's run id and index (setsid children, servers) goes too."""
-        from worker import procs
+        from worker.task import procs
 
         run_id, index = self.env.get(procs.ENV_RUN), self.env.get(procs.ENV_TASK)
         if run_id and index is not None:
@@ -290,7 +290,7 @@ class Task:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.slurm_task", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m worker.task.slurm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder, shared by every node")
     parser.add_argument("--attempt", type=int, default=0)

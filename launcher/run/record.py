@@ -20,7 +20,7 @@ from pathlib import Path
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.plan import TaskPlan, mgpu_home
 from worker.protocol import RunState, TaskState
-from worker.files import write_private
+from worker.task.files import write_private
 
 VERSION = 2
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -74,6 +74,7 @@ class RunRecord:
     created_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     failure: str | None = None
+    job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
     tasks: list[TaskRecord] = field(default_factory=list)

@@ -31,7 +31,7 @@ from fabric import Connection
 from launcher.errors import MgpuError
 from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
-from launcher.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
+from launcher.engines.supervised.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
 
@@ -412,10 +412,10 @@ class SSHTransport(Transport):
 
     def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[dict]:
         python = plans[0].python
-        code, out, err = self.call(plans[0], [python, "-m", "worker.probe", *flag, *[p.run_dir for p in plans]],
+        code, out, err = self.call(plans[0], [python, "-m", "worker.task.probe", *flag, *[p.run_dir for p in plans]],
                                    timeout)
         if code != 0 or not out.strip():
-            raise HostUnreachable(f"{self.where}: worker.probe failed: {(err.strip().splitlines() or ['?'])[-1]}")
+            raise HostUnreachable(f"{self.where}: worker.task.probe failed: {(err.strip().splitlines() or ['?'])[-1]}")
         return json.loads(out.strip().splitlines()[-1])
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:

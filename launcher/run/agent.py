@@ -11,12 +11,12 @@ import queue
 import signal
 import time
 
-from launcher import interrupts
+from launcher.run import interrupts
 from launcher.engines import Engine, engine_for
 from launcher.errors import Interrupted, RunFailed
-from launcher.output import Output
-from launcher.plan import TaskPlan, plan_tasks
-from launcher.record import Attempt, Owner, run_path
+from launcher.run.output import Output
+from launcher.plan import TaskPlan
+from launcher.run.record import Attempt, Owner, run_path
 from launcher.spec import ClusterSpec
 from worker import protocol
 from worker.protocol import RunState, TaskState
@@ -57,13 +57,13 @@ class _AttemptSink:
 
 
 class Agent:
-    def __init__(self, spec: ClusterSpec, plans: list[TaskPlan], engine: Engine, owner: Owner, out: Output):
-        self.spec, self.plans, self.engine, self.owner, self.out = spec, plans, engine, owner, out
+    def __init__(self, spec: ClusterSpec, engine: Engine, owner: Owner, out: Output):
+        self.spec, self.plans, self.engine, self.owner, self.out = spec, engine.plans, engine, owner, out
         self.run = owner.record
-        self.plan_of = {p.index: p for p in plans}
+        self.plan_of = {p.index: p for p in self.plans}
         self.live: set[int] = set()  # tasks started in this attempt whose exit is not known yet
         self.preempted_at: float | None = None
-        self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in plans}
+        self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in self.plans}
         self.events: queue.Queue = queue.Queue()
         self.heard: dict[int, float] = {}  # when each task of this attempt last sent any record
 
@@ -128,9 +128,9 @@ class Agent:
             self.run.hosts_lost.append(i)
             self.out.say(f"{self.plan_of[i].label} is left out: {answers[indices.index(i)].error}")
         self.engine.close()
-        self.plans = plan_tasks(self.spec, self.run.run_id, only=left)
+        self.engine = engine_for(self.spec, self.run.run_id, only=left)
+        self.plans = self.engine.plans
         self.plan_of = {p.index: p for p in self.plans}
-        self.engine = engine_for(self.spec, self.plans)
         return True
 
     def attempt(self, number: int) -> tuple[str, str | None]:

@@ -1,6 +1,6 @@
 """Runs one task's training process on its host and reports on it (no TensorFlow here).
 
-    python -m worker.supervisor --run-dir DIR [--attempt N] [--port P] [--env-stdin] -- PROGRAM ARGS...
+    python -m worker.task.supervised --run-dir DIR [--attempt N] [--port P] [--env-stdin] -- PROGRAM ARGS...
 
 Our stdout carries only `worker.protocol` records; the program's output goes to DIR/worker.log
 whole and reaches the launcher inside Output records (long lines cut, a flood thinned), so the
@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.files import write_private
-from worker.spawn import OWN_GROUP
+from worker.task.files import write_private
+from worker.task.spawn import OWN_GROUP
 
-# worker.procs (psutil) and worker.protocol (dataclasses) take ~30 ms to import: time every task
+# worker.task.procs (psutil) and worker.protocol (dataclasses) take ~30 ms to import: time every task
 # would wait for. They are imported by `_import_rest` once the task is started.
 procs: Any = None
 protocol: Any = None
@@ -74,7 +74,8 @@ def port_holder(port: int) -> str | None:
 
 def _import_rest() -> None:
     global procs, protocol
-    from worker import procs, protocol
+    from worker import protocol
+    from worker.task import procs
 
 
 def _die_with_parent():
@@ -393,7 +394,7 @@ def watch_stdin(sup: Supervisor, lifeline: float | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.supervisor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m worker.task.supervised", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, type=Path, help="the task's folder on this host")
     parser.add_argument("--attempt", type=int, default=0)

@@ -1,0 +1,151 @@
+"""The seam between the run (the agent, status, logs, down) and an engine that brings tasks to life.
+
+An engine plans its tasks, checks their hosts, starts an attempt, reports on it through a Sink
+(worker.protocol events and output lines), stops it, and reads what a task's host says; the rest
+of the launcher sees nothing else. Adding an engine is one folder under launcher/engines/.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+from launcher.plan import TaskPlan
+from launcher.spec import ClusterSpec
+from worker import protocol
+
+T = TypeVar("T")
+MAX_THREADS = 32
+
+
+class EngineKind(str, enum.Enum):
+    SUPERVISED = "supervised"  # our supervisor per task: local processes and SSH hosts
+    SLURM = "slurm"  # srun starts the task core on each node; Slurm signals and stops
+    KUBERNETES = "kubernetes"  # a rendered JobSet; Kubernetes starts the task core in each pod
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Result(Generic[T]):
+    """One host's (or task's) outcome: a value, or the error that stopped it."""
+
+    value: T | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def parallel(fn: Callable[[Any], T], items: list, width: int = MAX_THREADS) -> list[Result[T]]:
+    """fn over items in threads (at most `width` at once); every item's Result, in order:
+    one host's failure never hides another's."""
+    def one(item) -> Result[T]:
+        try:
+            return Result(value=fn(item))
+        except Exception as exc:
+            return Result(error=exc)
+
+    if len(items) <= 1:
+        return [one(i) for i in items]
+    pool = ThreadPoolExecutor(max(1, min(width, len(items))))
+    try:
+        return list(pool.map(one, items))
+    finally:  # on Ctrl-C, return at once: the caller's close() ends what the threads wait on
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Sink(Protocol):
+    def event(self, index: int, event: protocol.Event) -> None: ...
+
+    def output(self, index: int, lines: list[str], dropped: int) -> None: ...
+
+    def garbage(self, index: int, text: str) -> None: ...
+
+
+@dataclass
+class TaskCheck:
+    """The preflight's verdict on one task (or, for a scheduler, on the whole job)."""
+
+    plan: TaskPlan
+    problems: list[str] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    title: str = ""  # the row's name when it is not one task's
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def label(self) -> str:
+        return self.title or self.plan.label
+
+
+class Engine(ABC):
+    kind: EngineKind
+    restarts_itself = False  # TODO(issue 20): goes with the batch script's restart loop
+    beats = False
+
+    def __init__(self, spec: ClusterSpec, run_id: str, only: list[int] | None = None):
+        self.spec, self.run_id = spec, run_id
+        self.plans = self.plan_tasks(only)
+        self.plan = {p.index: p for p in self.plans}  # by task index (not always 0..n-1: elastic runs)
+
+    @abstractmethod
+    def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
+        """Every task's plan (pure); `only`: the task indices that take part (elastic: fewer hosts)."""
+
+    @abstractmethod
+    def dry_run(self, say: Callable[[str], None]) -> None:
+        """Print what `up` would start, and how (secrets masked); start nothing."""
+
+    @abstractmethod
+    def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:
+        """Check hosts and ports, start nothing. `for_start`: `up` starts the tasks next (an engine
+        may keep what it opened for the checks)."""
+
+    def claim_ports(self) -> list:
+        """Locks on the host:port pairs this run will use (two runs of this machine never share one)."""
+        return []
+
+    @abstractmethod
+    def start(self, attempt: int, sink: Sink) -> dict[int, str]:
+        """Start every task of `attempt`, reporting to `sink`; {index: why it could not start}. Returns
+        once the tasks are on their way (a scheduler: once its job left the queue)."""
+
+    @abstractmethod
+    def stop(self, indices: list[int]) -> None:
+        """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink."""
+
+    @abstractmethod
+    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+        """Stop tasks with no live handle (`down`, a teardown past its deadline); per task."""
+
+    @abstractmethod
+    def probe(self, indices: list[int]) -> list[Result[dict]]:
+        """What each task's host says now: pid, alive, exit_code, progress, cpu_percent, rss."""
+
+    @abstractmethod
+    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
+        """worker.log of a task from byte `offset` (or its last `tail` lines): (text, next offset)."""
+
+    @abstractmethod
+    def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """Run a short command on task `index`'s host, in its folder: (exit code, stdout, stderr)."""
+
+    def attach(self, where: dict[int, tuple[str, int]], job: dict | None) -> None:
+        """An existing run (status, logs, down): where its tasks landed, and its scheduler job, as the
+        run record says."""
+
+    def reachable(self, indices: list[int]) -> list[Result[float]]:
+        """Whether each task's host answers now (elastic runs drop the ones that do not)."""
+        return [Result(value=0.0) for _ in indices]
+
+    def close(self) -> None:
+        pass

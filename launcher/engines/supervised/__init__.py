@@ -1,0 +1,120 @@
+"""The supervised engine: our supervisor runs each task on its host (a local process, or over SSH)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Callable
+
+from launcher.engines.base import Engine, EngineKind, Result, Sink, TaskCheck, parallel
+from launcher.engines.supervised.transport import Handle, LocalTransport, Transport
+from launcher.plan import TaskPlan, mask_env, plan_tasks
+
+
+def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
+    """The transport of each task: one local transport, one SSH transport per remote host."""
+    local = LocalTransport()
+    remote: dict[tuple, Transport] = {}
+    out = []
+    for plan in plans:
+        if plan.host.is_local:
+            out.append(local)
+            continue
+        key = (plan.host.address, plan.host.user, plan.host.ssh_port)
+        if key not in remote:
+            from launcher.engines.supervised.ssh import SSHTransport  # fabric is imported only when a host needs it
+
+            remote[key] = SSHTransport(plan.host, spec.launch)
+        out.append(remote[key])
+    return out
+
+
+class SupervisedEngine(Engine):
+    kind = EngineKind.SUPERVISED
+    beats = True
+
+    def __init__(self, spec, run_id: str, only: list[int] | None = None):
+        super().__init__(spec, run_id, only)
+        self.transports = dict(zip((p.index for p in self.plans), transports_for(spec, self.plans)))
+        self.handles: dict[int, Handle] = {}
+
+    def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
+        return plan_tasks(self.spec, self.run_id, only)
+
+    def dry_run(self, say: Callable[[str], None]) -> None:
+        for p in self.plans:
+            host = p.host
+            where = "local process" if host.is_local else f"ssh {host.user + '@' if host.user else ''}{host.address}"
+            say(f"{p.label} via {where}")
+            say(f"  folder:  {p.cwd or ('(login folder)' if not host.is_local else os.getcwd())}")
+            say(f"  run dir: {p.run_dir}")
+            say(f"  command: {shlex.join(p.supervisor_argv(0))}")
+            for k, v in mask_env(p.env).items():
+                say(f"  env {k}={v}")
+
+    def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:
+        from launcher.engines.supervised.preflight import preflight
+
+        return preflight(self.spec, self.plans, [self.transports[p.index] for p in self.plans], base=base, say=say,
+                         hold=for_start)
+
+    def claim_ports(self) -> list:
+        from launcher.run.record import claim_ports
+
+        return claim_ports(self.run_id, self.plans)
+
+    def start(self, attempt: int, sink: Sink) -> dict[int, str]:
+        def one(plan: TaskPlan) -> None:
+            # kept at once: a stop (Ctrl-C) that comes while other tasks still start must find it
+            self.handles[plan.index] = self.transports[plan.index].start(plan, attempt, sink)
+
+        results = parallel(one, self.plans)
+        return {p.index: str(r.error) for p, r in zip(self.plans, results) if not r.ok}
+
+    def stop(self, indices: list[int]) -> None:
+        for i in indices:
+            handle = self.handles.pop(i, None)
+            if handle is not None:
+                handle.stop()
+
+    def _grouped(self, indices: list[int], fn) -> list[Result[dict]]:
+        """fn(transport, plans) once per host, in parallel; per task, in the order of `indices`."""
+        groups: dict = {}
+        for i in indices:
+            groups.setdefault(self.transports[i], []).append(self.plan[i])
+        items = list(groups.items())
+        found: dict[int, Result[dict]] = {}
+        for (transport, plans), res in zip(items, parallel(lambda g: fn(*g), items)):
+            for n, plan in enumerate(plans):
+                found[plan.index] = Result(value=res.value[n]) if res.ok else Result(error=res.error)
+        return [found[i] for i in indices]
+
+    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+        return self._grouped(indices, lambda t, plans: t.stop_tasks(plans))
+
+    def probe(self, indices: list[int]) -> list[Result[dict]]:
+        return self._grouped(indices, lambda t, plans: t.probe(plans))
+
+    def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        return self.transports[index].call(self.plan[index], argv, timeout)
+
+    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
+        path = f"{self.plan[index].run_dir}/worker.log"
+        if tail is not None:
+            code, size, _err = self.call(index, ["stat", "-c", "%s", path], 30)
+            if code != 0:
+                return "", offset
+            code, text, _err = self.call(index, ["tail", "-n", str(tail), path], 30)
+            return (text if code == 0 else ""), int(size.strip() or 0)
+        code, text, _err = self.call(index, ["tail", "-c", f"+{offset + 1}", path], 30)
+        if code != 0:
+            return "", offset
+        return text, offset + len(text.encode())
+
+    def reachable(self, indices: list[int]) -> list[Result[float]]:
+        return parallel(lambda i: self.transports[i].connect(), indices)
+
+    def close(self) -> None:
+        for t in set(self.transports.values()):
+            t.close()

@@ -1,0 +1,1 @@
+"""The on-host task core: runs one task whatever started it (our supervisor, srun, a pod)."""
