@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
@@ -67,6 +67,48 @@ class Sink(Protocol):
     def output(self, index: int, lines: list[str], dropped: int) -> None: ...
 
     def garbage(self, index: int, text: str) -> None: ...
+
+
+def pump(index: int, lines: Iterable[bytes], sink: Sink, lost: Callable[[], str]) -> None:
+    """Feed a supervisor's records to `sink` until its lines end. When no exit report came, however the
+    lines ended (also by an error reading them), the task is reported Lost, for the reason lost() gives."""
+    exited = False
+    try:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = protocol.decode(line)
+            except protocol.BadRecord:
+                sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
+                continue
+            if isinstance(event, protocol.Output):
+                sink.output(index, event.lines, event.dropped)
+            else:
+                exited |= isinstance(event, protocol.Exit)
+                sink.event(index, event)
+    finally:
+        if not exited:
+            sink.event(index, protocol.Lost(lost()))
+
+
+class SchedulerCause(str, enum.Enum):
+    """Why a scheduler ended (or took back) an attempt, whatever its tasks said."""
+
+    REQUEUED = "requeued"  # back in the queue (scontrol requeue, a node failure, preemption): it runs again
+    TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"  # from outside (scancel by someone else)
+    NODE_FAIL = "node_fail"  # a node failed and the job is not requeued
+    ENDED = "ended"  # any other end the scheduler reports
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SchedulerEnd:
+    cause: SchedulerCause
+    reason: str  # one sentence, with the scheduler's own words (state, reason)
 
 
 @dataclass
@@ -138,6 +180,11 @@ class Engine(ABC):
     @abstractmethod
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """Run a short command on task `index`'s host, in its folder: (exit code, stdout, stderr)."""
+
+    def verdict(self, attempt: int) -> SchedulerEnd | None:
+        """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took
+        it back, and why; None where no scheduler decides (our supervisors) or it did not."""
+        return None
 
     def attach(self, where: dict[int, tuple[str, int]], job: dict | None) -> None:
         """An existing run (status, logs, down): where its tasks landed, and its scheduler job, as the

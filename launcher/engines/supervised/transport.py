@@ -13,35 +13,12 @@ import subprocess
 import threading
 from typing import Callable, Iterable
 
-from launcher.engines.base import Sink, parallel
+from launcher.engines.base import Sink, parallel, pump
 from launcher.plan import TaskPlan
 from worker import protocol
 from worker.task.spawn import OWN_GROUP
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
-
-
-def pump(index: int, lines: Iterable[bytes], sink: Sink, lost: Callable[[], str]) -> None:
-    """Feed a supervisor's records to `sink` until its lines end. When no exit report came, however the
-    lines ended (also by an error reading them), the task is reported Lost, for the reason lost() gives."""
-    exited = False
-    try:
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = protocol.decode(line)
-            except protocol.BadRecord:
-                sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
-                continue
-            if isinstance(event, protocol.Output):
-                sink.output(index, event.lines, event.dropped)
-            else:
-                exited |= isinstance(event, protocol.Exit)
-                sink.event(index, event)
-    finally:
-        if not exited:
-            sink.event(index, protocol.Lost(lost()))
 
 
 def env_line(plan: TaskPlan) -> bytes:
