@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from launcher.spec import ClusterSpec
+from worker.task.env import endpoint, task_environment
 
 
 def cluster_addresses(spec: ClusterSpec) -> list[str]:
-    return [f"{h.address}:{h.port}" for h in spec.hosts]
+    return [endpoint(h.address, h.port) for h in spec.hosts]
 
 
 def tf_config(spec: ClusterSpec, index: int) -> dict:
@@ -26,18 +25,10 @@ def tf_config(spec: ClusterSpec, index: int) -> dict:
 def task_env(spec: ClusterSpec, index: int, run_id: str, run_dir: str) -> dict[str, str]:
     """Every variable the launcher sets for a task (the worker's environment contract)."""
     host = spec.hosts[index]
-    env = {
-        "TF_CONFIG": json.dumps(tf_config(spec, index)),
-        "MGPU_RUN_ID": run_id,
-        "MGPU_TASK_INDEX": str(index),
-        "MGPU_NUM_WORKERS": str(spec.num_workers),
-        "MGPU_RUN_DIR": run_dir,
-        "TF_USE_LEGACY_KERAS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    common = {}
     if host.gpus == "none":
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        common["CUDA_VISIBLE_DEVICES"] = ""
     elif isinstance(host.gpus, list):
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
-    env.update(host.env or {})
-    return env
+        common["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
+    common.update(host.env or {})
+    return task_environment(common, cluster_addresses(spec), index, run_id, run_dir)

@@ -32,6 +32,38 @@ class TaskState(str, enum.Enum):
         return self.value
 
 
+class ProgressState(str, enum.Enum):
+    """The `state` a task writes in progress.json (worker.progress)."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    DONE = "done"
+    PREEMPTING = "preempting"  # took a notice: saving with its group, at one agreed step
+    PREEMPTED = "preempted"  # saved on notice
+
+    @classmethod
+    def of(cls, progress: Any) -> "ProgressState | None":
+        """The state a progress dict says, or None (none given, or not one of ours: untrusted input)."""
+        try:
+            return cls(progress.get("state"))
+        except (AttributeError, ValueError, TypeError):
+            return None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AttemptOutcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"  # a notice (host, scheduler, or Slurm's requeue): restarts without counting
+    FAILED = "failed"
+    SHRUNK = "shrunk"  # a host was lost and the run went on without it (elastic)
+    STOPPED = "stopped"  # Ctrl-C, TERM or `down`
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class RunState(str, enum.Enum):
     PREFLIGHT = "preflight"
     STARTING = "starting"
@@ -99,6 +131,15 @@ class Exit(Event):
     time: float
     tail: list[str] = field(default_factory=list)  # its last lines of output, none left out
     reason: str = ""  # what the supervisor itself found (a busy port, a program not found)
+    notice: str = ""  # the signal that gave the task notice ("SIGTERM", "SIGUSR1"): a preemption, saved or not
+
+
+@dataclass(frozen=True)
+class Note(Event):
+    """Something the task core found that the user should know, the task going on (a write that failed)."""
+
+    kind: ClassVar[str] = "note"
+    text: str
 
 
 @dataclass(frozen=True)
@@ -109,7 +150,7 @@ class Lost(Event):
     reason: str
 
 
-EVENTS: dict[str, type[Event]] = {cls.kind: cls for cls in (Started, Output, Progress, Stats, Exit)}
+EVENTS: dict[str, type[Event]] = {cls.kind: cls for cls in (Started, Output, Progress, Stats, Exit, Note)}
 
 
 def encode(event: Event) -> bytes:
@@ -120,14 +161,32 @@ class BadRecord(ValueError):
     """A line that is not a record of this protocol."""
 
 
+_SIMPLE = {"int": int, "float": (int, float), "str": str, "dict": dict, "list[str]": list, "None": type(None)}
+
+
+def _typed(cls: type[Event], data: dict) -> dict:
+    """The fields of `cls` in `data`, each of its declared type (a record is untrusted input: a file
+    channel lies in a folder the training can write to); TypeError for any other."""
+    out = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value, kinds = data[f.name], [_SIMPLE[k.strip()] for k in str(f.type).split("|")]
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, tuple(
+                t for k in kinds for t in (k if isinstance(k, tuple) else (k,)))):
+            raise TypeError(f"{f.name} is {type(value).__name__}")
+        if str(f.type) == "list[str]" and not all(isinstance(x, str) for x in value):
+            raise TypeError(f"{f.name} holds a non-string")
+        out[f.name] = value
+    return out
+
+
 def decode(line: bytes | str) -> Event:
     """The record on `line`; BadRecord for anything else (the caller logs it and goes on)."""
     try:
         data: Any = json.loads(line)
         cls = EVENTS[data.pop("event")]
-        data.pop("v", None)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**_typed(cls, data))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
         raise BadRecord(f"not a protocol record ({type(exc).__name__}): {text[:200]!r}") from None

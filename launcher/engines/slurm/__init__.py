@@ -33,7 +33,7 @@ from launcher.spec import ClusterSpec, Host
 from worker import protocol
 from worker.task.files import write_private
 from worker.protocol import TaskState
-from worker.task.supervised import Lines
+from worker.task.lines import Lines
 
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
 POLL_S = 0.2  # the tasks' files

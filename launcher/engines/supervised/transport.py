@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Callable, Iterable
+from typing import Iterable
 
 from launcher.engines.base import Sink, parallel, pump
 from launcher.plan import TaskPlan
-from worker import protocol
 from worker.task.spawn import OWN_GROUP
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records

@@ -1,0 +1,327 @@
+"""The on-host task core: runs one task on its host, whoever started it (our supervisor over a pipe,
+`srun`, a Kubernetes pod), and reports on it in `worker.protocol` records on a Channel.
+
+It starts the training in its own process group (given SIGTERM if the core dies), keeps worker.log
+whole, forwards output (long lines cut, a flood thinned, never ahead of an exit or a beat), relays
+progress and stats, stops with grace (a notice gets preempt_grace), sweeps what the task left
+behind, and guards every write: a full disk or a deleted folder never loses the exit code.
+Standard library only until the task runs (procs/psutil and protocol are imported after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.task.channel import Channel
+from worker.task.files import write_private
+from worker.task.host import die_with_parent, port_holder, tree_rss, write_problem
+from worker.task.lines import Lines
+from worker.task.spawn import OWN_GROUP
+
+procs: Any = None  # worker.task.procs and worker.protocol: imported once the task runs (~30 ms)
+protocol: Any = None
+
+GRACE_S = 1.0
+# progress.json is written at most once a second: a faster poll shows nothing newer, and each
+# wake-up takes a core from the training (4 a second cost ~2% of the steps on 2 cores)
+PROGRESS_POLL_S = 1.0
+FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
+FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
+FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
+EXIT_PORT_BUSY, EXIT_NOT_FOUND = 98, 127
+
+
+def _import_rest() -> None:
+    global procs, protocol
+    from worker import protocol
+    from worker.task import procs
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    run_dir: Path  # the task's own folder on this host
+    attempt: int
+    argv: list[str]
+    env: dict[str, str]  # on top of the core's own environment
+    cpus: list[int] | None = None
+    port: int | None = None  # refuse to start when something listens there
+    grace: float = GRACE_S
+    preempt_grace: float = GRACE_S
+    host: str = ""  # told in Started where the engine learns it only now (a scheduler's node)
+    report_port: int = 0
+    parent_death: int = signal.SIGTERM  # what the task gets if the core dies (Slurm: SIGKILL, it kills us so)
+    notes: list[str] = field(default_factory=list)  # said before the start (the entry's own findings)
+
+
+class TaskCore:
+    def __init__(self, setup: TaskSetup, channel: Channel):
+        self.setup, self.channel = setup, channel
+        self.run_dir = setup.run_dir
+        self.stopping = threading.Event()
+        self.proc: subprocess.Popen | None = None
+        self.lines = Lines()
+        self.last_progress = ""
+        self.ps = None  # psutil.Process of the task, for its stats
+        self.notice = ""  # the signal that gave notice, if one did
+        self.failed_writes: set[str] = set()
+        self.log = None
+        self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
+        self.index = setup.env.get("MGPU_TASK_INDEX", "")
+
+    # ---- what we say
+    def emit(self, event) -> None:
+        self.channel.send(protocol.encode(event))
+
+    def note(self, text: str) -> None:
+        """A line of our own, shown with the task's output and kept in its log."""
+        line = f"[mgpu task] {text}"
+        self.log_write((line + "\n").encode())
+        self.lines._add([line])
+
+    def warn(self, text: str) -> None:
+        """A problem the user should know of while the task goes on: a record, and a line in its log."""
+        self.note(text)
+        if protocol is not None:
+            self.emit(protocol.Note(text=text))
+        else:
+            self.setup.notes.append(text)
+
+    def log_write(self, data: bytes) -> None:
+        if self.log is None:
+            return
+        try:
+            self.log.write(data)
+        except (OSError, ValueError) as exc:
+            self.log = None  # a full disk: worker.log stops; the output still reaches the launcher
+            self._write_failed(self.run_dir / "worker.log", exc)
+
+    def write(self, name: str, text: str) -> None:
+        try:
+            write_private(self.run_dir / name, text)
+        except OSError as exc:
+            self._write_failed(self.run_dir / name, exc)
+
+    def _write_failed(self, path: Path, exc: OSError) -> None:
+        if str(path) in self.failed_writes:
+            return
+        self.failed_writes.add(str(path))
+        text = write_problem(path, exc) + "; the task goes on and its exit still reaches the launcher"
+        if protocol is not None:
+            self.emit(protocol.Note(text=text))
+        else:
+            self.setup.notes.append(text)
+
+    # ---- the task
+    def prepare(self) -> None:
+        """The task's folder (owner only), stale files gone, worker.log open: each step may fail."""
+        try:
+            for folder in (self.run_dir.parent, self.run_dir):
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.chmod(folder, 0o700)
+            for stale in ("exit_code", "progress.json", "pid", "task.json"):
+                (self.run_dir / stale).unlink(missing_ok=True)
+            fd = os.open(self.run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self.log = os.fdopen(fd, "ab", buffering=0)
+        except OSError as exc:
+            self._write_failed(Path(exc.filename or self.run_dir), exc)
+        self.log_write(f"--- attempt {self.setup.attempt}: {' '.join(self.setup.argv)}\n".encode())
+
+    def run(self) -> int:
+        s = self.setup
+        self.prepare()
+        holder = port_holder(s.port) if s.port else None
+        if holder:
+            return self.refuse(EXIT_PORT_BUSY, f"port {s.port} was taken by {holder} after the preflight, so the "
+                                               "task was not started; stop that process or choose another port, "
+                                               "then run again")
+        env = {**os.environ, **s.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        try:
+            self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent(s.parent_death),
+                                         **OWN_GROUP)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
+        _import_rest()
+        pump = threading.Thread(target=self.pump, daemon=True)
+        pump.start()
+        if s.cpus:
+            try:
+                os.sched_setaffinity(self.proc.pid, s.cpus)
+            except OSError as exc:
+                self.note(f"cannot pin to cpus {s.cpus}: {exc.strerror}")
+        ident = procs.identity(self.proc.pid) or (self.proc.pid, time.time())
+        me = procs.identity(os.getpid()) or (os.getpid(), time.time())
+        self.write("pid", f"{self.proc.pid}\n")
+        self.write("task.json", json.dumps({
+            "pid": ident[0], "create_time": ident[1], "supervisor_pid": me[0], "supervisor_create_time": me[1],
+            "run_id": self.run_id, "index": self.index, "attempt": s.attempt, "host": s.host,
+            "port": s.report_port}))
+        self.emit(protocol.Started(pid=ident[0], create_time=ident[1], supervisor_pid=me[0], time=time.time(),
+                                   host=s.host, port=s.report_port))
+        self.send_notes()
+        if self.stopping.is_set():  # a stop that came while we were starting
+            self.stop_task(s.preempt_grace if self.notice else s.grace)
+        threading.Thread(target=self.watch, daemon=True).start()
+        code = self.proc.wait()
+        pump.join(timeout=2.0)
+        self.send_progress()  # the last word of a finished run
+        left = procs.of_task(self.run_id, self.index) if self.run_id else []
+        if left:  # the program exited but left processes behind (setsid, daemons): they go too
+            self.note(f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}")
+            procs.stop(left, s.grace)
+        return self.finish(code)
+
+    def refuse(self, code: int, reason: str) -> int:
+        self.note(reason)
+        _import_rest()
+        return self.finish(code, reason)
+
+    def send_notes(self) -> None:
+        while self.setup.notes:
+            self.emit(protocol.Note(text=self.setup.notes.pop(0)))
+
+    def finish(self, code: int, reason: str = "") -> int:
+        self.send_notes()
+        self.forward(final=True)
+        self.write("exit_code", f"{code}\n")
+        self.emit(protocol.Exit(code=code, time=time.time(), tail=list(self.lines.tail), reason=reason,
+                                notice=self.notice))
+        return 128 - code if code < 0 else code
+
+    def pump(self) -> None:
+        fd = self.proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            self.log_write(chunk)
+            self.lines.feed(chunk)
+        self.lines.close()
+
+    def forward(self, final: bool = False) -> bool:
+        """Send output the channel has room for now; what it has no room for waits, and a flood is
+        thinned (so output is bounded by what the link drains, never ahead of an exit or a beat)."""
+        if not self.channel.room():
+            if final:
+                self.lines.drop_pending()
+            return False
+        lines, dropped = self.lines.take(FORWARD_MAX_LINES, FORWARD_MAX_BYTES)
+        if lines or dropped:
+            self.emit(protocol.Output(lines=lines, dropped=dropped))
+        return bool(lines or dropped)
+
+    def send_progress(self) -> None:
+        try:
+            text = (self.run_dir / "progress.json").read_text()
+            if text == self.last_progress:  # read on each output batch too: most reads find nothing new
+                return
+            data = json.loads(text)
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict):
+            return
+        self.last_progress = text
+        self.emit(protocol.Progress(progress=data))
+        if protocol.ProgressState.of(data) == protocol.ProgressState.PREEMPTING and not self.stopping.is_set():
+            # the task took a notice (a SIGTERM sent to it, or one of its peers'): it gets preempt_grace
+            # to save with its group, not more
+            self.stopping.set()
+            threading.Timer(self.setup.preempt_grace - self.since(data.get("time")), self.past_grace).start()
+
+    @staticmethod
+    def since(written: Any) -> float:
+        """How long ago the task wrote a record that says `time: written`; we read it up to a poll later."""
+        try:
+            elapsed = time.time() - float(written)
+        except (TypeError, ValueError, OverflowError):  # no time, or not one (a user's own record)
+            return 0.0
+        return min(elapsed, PROGRESS_POLL_S) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
+
+    def past_grace(self) -> None:
+        if self.proc.poll() is None:
+            self.note(f"still running {self.setup.preempt_grace:g} s (preempt_grace) after its notice: killed")
+            self.stop_task(0)
+
+    def watch(self) -> None:
+        """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
+        every FORWARD_EVERY_S) or a poll is due, not on a fixed tick."""
+        progress_at = stats_at = 0.0
+        while self.proc.poll() is None:
+            spoke = self.forward()
+            if spoke:
+                time.sleep(FORWARD_EVERY_S)  # more is coming: send it in batches
+            now = time.monotonic()
+            # also read it when the task spoke: the worker prints its notice just after writing
+            # "preempting", and preempt_grace may be shorter than a poll
+            if spoke or now - progress_at >= PROGRESS_POLL_S:
+                progress_at = now
+                self.send_progress()
+            if now - stats_at >= protocol.BEAT_S:
+                stats_at = now
+                self.send_stats()
+            wait = max(0.0, min(progress_at + PROGRESS_POLL_S, stats_at + protocol.BEAT_S) - time.monotonic())
+            if self.lines.pending:  # output that waits for room on the channel: look again soon
+                time.sleep(min(wait, FORWARD_EVERY_S))
+            else:
+                self.lines.arrived.wait(wait)
+
+    def send_stats(self) -> None:
+        """CPU%, RSS and state of the task, and in any case a record: the launcher counts a core
+        silent for its lifeline as lost."""
+        stats = protocol.Stats()
+        try:
+            import psutil
+
+            if self.ps is None:
+                self.ps = psutil.Process(self.proc.pid)
+                self.ps.cpu_percent(None)  # the first call starts the measuring window
+            else:
+                stats = protocol.Stats(cpu_percent=round(self.ps.cpu_percent(None), 1), rss=tree_rss(self.ps),
+                                       status=self.ps.status())
+        except Exception:  # psutil missing or the task just ended: the figures are optional
+            pass
+        self.emit(stats)
+
+    # ---- stopping
+    def stop(self, reason: str, notice: str = "") -> None:
+        """Stop the task: TERM to its group, KILL after grace. A `notice` (the signal's name: a host or
+        scheduler taking the machine) gets preempt_grace, and the task's end is a preemption."""
+        if notice and not self.notice:
+            self.notice = notice
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        grace = self.setup.preempt_grace if notice else self.setup.grace
+        self.note(f"stopping task ({reason}; KILL after {grace:g} s)")
+        if self.proc is not None:  # else run() stops it right after starting it
+            self.stop_task(grace)
+
+    def stop_task(self, grace: float) -> None:
+        _import_rest()  # a stop may come from another thread as the task starts
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # also what the leader left in its group
+        except ProcessLookupError:
+            pass
+        if self.run_id:
+            procs.stop(procs.of_task(self.run_id, self.index), 0)

@@ -1,0 +1,78 @@
+"""What the task core asks of its host: a port's holder, the parent-death signal, a tree's memory,
+free space. Standard library only at import (psutil is imported where it is used)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import socket
+from pathlib import Path
+from typing import Callable
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on `port` here ('pid 12 (python3: python3 serve.py)'), or None when it is free."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no holder
+        try:
+            s.bind(("0.0.0.0", port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return None
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                p = psutil.Process(c.pid)
+                return f"pid {c.pid} ({p.name()}: {' '.join(p.cmdline())[:200]})"
+    except Exception:  # holder unknown (another user's process): the port is still taken
+        pass
+    return "another process"
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A preexec_fn that gives the child `sig` when its parent (the core) dies (Linux; None elsewhere).
+    libc is looked up here, not in the child between fork and exec."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+def tree_rss(proc) -> int:
+    """Resident memory of a psutil.Process and all its descendants, in bytes."""
+    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+
+
+def free_space(path: Path) -> str:
+    """'12.0 MiB free' of the file system holding `path` (or its nearest existing parent)."""
+    for folder in [path, *path.parents]:
+        try:
+            return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+        except OSError:
+            continue
+    return "free space unknown"
+
+
+def write_problem(path: Path, exc: OSError) -> str:
+    """One sentence for a write that failed: the path, why, and the free space there."""
+    why = exc.strerror or str(exc)
+    gone = "" if path.parent.exists() else f" (its folder {path.parent} no longer exists)"
+    return f"cannot write {path}: {why}{gone}; {free_space(path)} there"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
