@@ -12,6 +12,7 @@ import signal
 import time
 
 from launcher.run import record
+from launcher.run.failure import Failure, FailureKind
 from launcher.engines import Engine, engine_for
 from launcher.errors import RunFailed, RunNotFound
 from launcher.run.output import Output
@@ -66,16 +67,17 @@ def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.Ru
             task.exit_code = res.value.get("exit_code")
             alive |= task.state in (TaskState.RUNNING, TaskState.PENDING)
         if not alive:
-            run.state = (RunState.SUCCEEDED if all(t.state == TaskState.SUCCEEDED for t in run.tasks)
-                         else RunState.LOST)
-            if run.state == RunState.LOST and in_preflight:
-                run.failure = (f"the launcher of this run (pid {run.agent_pid}) ended during the preflight without "
-                               "recording it (killed, or its machine went down); no task was started.")
-            elif run.state == RunState.LOST:
-                run.failure = (f"the launcher of this run (pid {run.agent_pid}) ended without recording how the run "
-                               "ended (killed, or its machine went down); its tasks were stopped by their supervisors. "
-                               "The task states above are what their hosts say now.")
-            run.ended_at = time.time()
+            if all(t.state == TaskState.SUCCEEDED for t in run.tasks):
+                run.set_state(RunState.SUCCEEDED)
+            elif in_preflight:
+                run.set_state(RunState.LOST, Failure(kind=FailureKind.NOT_STARTED, message=(
+                    f"the launcher of this run (pid {run.agent_pid}) ended during the preflight without recording it "
+                    "(killed, or its machine went down); no task was started.")))
+            else:
+                run.set_state(RunState.LOST, Failure(kind=FailureKind.LOST, message=(
+                    f"the launcher of this run (pid {run.agent_pid}) ended without recording how the run ended "
+                    "(killed, or its machine went down); its tasks were stopped by their supervisors. The task "
+                    "states above are what their hosts say now.")))
             owner.save()
         return run, probes
     finally:
@@ -106,9 +108,11 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     alive = record.launcher_alive(run)
     state = run.state if run.ended or alive else RunState.LOST
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
-            "preemptions": run.preemptions, "hosts_lost": run.hosts_lost, "failure": run.failure,
+            "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
+            "failure": run.failure.to_json() if run.failure else None,
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
-            "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome, "reason": a.reason,
+            "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
+                          "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
                           "started_at": a.started_at, "ended_at": a.ended_at} for a in run.attempts],
             "tasks": tasks,
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
@@ -129,7 +133,7 @@ def _render(snap: dict, width: int):
 
     lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
     if snap["failure"]:
-        lines.append(Text(snap["failure"]))
+        lines.append(Text(snap["failure"]["message"]))
     if _job_line(snap):
         lines.insert(0, Text(_job_line(snap)))
     return Group(status_table(snap, width), *lines)
@@ -138,7 +142,7 @@ def _render(snap: dict, width: int):
 def _plain(snap: dict) -> str:
     lines = [status_plain(snap), *filter(None, [_job_line(snap)])]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
-    return "\n".join(lines + ([snap["failure"]] if snap["failure"] else []))
+    return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))
 
 
 def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
@@ -251,7 +255,7 @@ def down(run_id: str | None) -> None:
             if t.state in (TaskState.PENDING, TaskState.RUNNING):
                 t.state = TaskState.STOPPED
         if not run.ended:
-            run.state, run.failure, run.ended_at = RunState.STOPPED, "stopped by 'mgpu-cluster down'", time.time()
+            run.set_state(RunState.STOPPED, Failure(kind=FailureKind.STOPPED, message="stopped by 'mgpu-cluster down'"))
         owner.save()
     finally:
         owner.release()

@@ -9,6 +9,7 @@ from launcher.run import interrupts, record
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
 from launcher.errors import Interrupted, PreflightError, RunFailed
+from launcher.run.failure import Failure, FailureKind
 from launcher.run.output import Output
 from launcher.spec import load_spec
 from launcher.run.tables import checks_table, summary
@@ -77,13 +78,13 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         with interrupts.shield():
             if run.state == RunState.PREFLIGHT:
                 stopped = isinstance(exc, KeyboardInterrupt)
-                run.state = RunState.STOPPED if stopped else RunState.FAILED
-                run.failure = (f"{interrupts.reason()} during the preflight; nothing was started" if stopped
-                               else "preflight refused: " + str(exc))
-                run.ended_at = time.time()
+                run.set_state(RunState.STOPPED if stopped else RunState.FAILED, Failure(
+                    kind=FailureKind.STOPPED if stopped else FailureKind.REFUSED,
+                    message=(f"{interrupts.reason()} during the preflight; nothing was started" if stopped
+                             else "preflight refused: " + str(exc))))
                 owner.save()
         if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(run.failure) from None
+            raise Interrupted(run.failure.message) from None
         raise
     except (RunFailed, Interrupted):
         out.show(summary(run, out.console.width))

@@ -331,7 +331,7 @@ def test_ctrl_c_during_preflight_is_130_and_recorded(cli, tmp_path):
     out, _ = up.communicate(timeout=30)
     assert up.returncode == 130, out
     st = latest_state(cli)
-    assert st["state"] == "stopped" and "preflight" in st["failure"]
+    assert st["state"] == "stopped" and "preflight" in st["failure"]["message"] and st["failure"]["kind"] == "stopped"
     assert not wait_gone(cli.home, 5)
 
 
@@ -369,7 +369,7 @@ def test_sighup_stops_every_task_and_records_it(cli, tmp_path):
                              lambda up, _st: up.send_signal(signal.SIGHUP), "running")
     assert code == 130, out
     st = latest_state(cli)
-    assert st["state"] == "stopped" and "SIGHUP" in st["failure"]
+    assert st["state"] == "stopped" and "SIGHUP" in st["failure"]["message"] and st["failure"]["kind"] == "stopped"
     assert not wait_gone(cli.home, 5)
 
 
@@ -434,6 +434,8 @@ def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path):
                              "both tasks stepping")
     assert code == 1, out
     failure = latest_state(cli)["failure"]
+    assert failure["task"] == 1 and failure["kind"] == "hung", failure
+    failure = failure["message"]
     assert failure.startswith("task 1 ") and "stopped" in failure and "heartbeat_timeout" in failure, failure
     assert not wait_gone(cli.home, 5)
 
@@ -453,6 +455,8 @@ def test_a_silent_supervisor_is_lost_even_before_the_first_step(cli, tmp_path):
                              stop_supervisor, "both tasks running")
     assert code == 1, out
     failure = latest_state(cli)["failure"]
+    assert failure["task"] == 1 and failure["kind"] == "lost", failure
+    failure = failure["message"]
     assert failure.startswith("task 1 ") and "no sign of life" in failure and "heartbeat_timeout" in failure, failure
     assert "Traceback" not in out, out
     assert not wait_gone(cli.home, 10)

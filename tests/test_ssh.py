@@ -271,6 +271,19 @@ def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
 
 
 @needs_root
+def test_kill_9_of_a_remote_training_process_is_a_killed_failure(cli, th, tmp_path):
+    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 120})
+    code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path),
+                             lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL), "2 tasks progressing",
+                             ready_timeout=120)
+    assert code == 1 and "Traceback" not in out, out
+    failure = status_json(cli)["failure"]
+    assert (failure["task"], failure["kind"], failure["signal"]) == (1, "killed", "SIGKILL"), failure
+    assert failure["host"] == th.addresses[1] and "SIGKILL" in failure["message"], failure
+    assert not wait_gone(tmp_path, 30), "a process of the run survived on some host"
+
+
+@needs_root
 def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
     victim = 1
     spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 4, "connect_timeout": 3})

@@ -85,6 +85,11 @@ def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
     assert code == 1, out
     assert "task 1" in out and "SIGKILL" in out and not launcher_traceback(out)
     assert not wait_gone(cli.home, 5)
+    st = json.loads(cli("status", "--json", timeout=60).stdout)
+    failure = st["failure"]  # a failure is data: what a program reads
+    assert (failure["task"], failure["kind"], failure["signal"], failure["exit_code"]) == (1, "killed", "SIGKILL", -9)
+    assert failure["host"] == "localhost" and failure["log"].endswith("task-1/worker.log"), failure
+    assert "SIGKILL" in failure["message"] and st["attempts"][-1]["failure"] == failure, st
 
 
 def test_sigint_to_up_stops_everything_with_130(cli, tmp_path):
@@ -238,5 +243,6 @@ def test_sigstopped_tensorflow_worker_is_named_not_its_waiting_peer(cli, tmp_pat
                              lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGSTOP), "both workers training")
     assert code == 1, out
     failure = latest_state(cli)["failure"]
-    assert failure.startswith("task 1 ") and "SIGSTOP" in failure, failure
+    assert failure["task"] == 1 and failure["kind"] == "hung", failure
+    assert failure["message"].startswith("task 1 ") and "SIGSTOP" in failure["message"], failure
     assert not wait_gone(cli.home, 10)

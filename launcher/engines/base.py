@@ -131,8 +131,6 @@ class TaskCheck:
 
 class Engine(ABC):
     kind: EngineKind
-    restarts_itself = False  # TODO(issue 20): goes with the batch script's restart loop
-    beats = False
 
     def __init__(self, spec: ClusterSpec, run_id: str, only: list[int] | None = None):
         self.spec, self.run_id = spec, run_id

@@ -1,4 +1,5 @@
-"""The agent loop: start every task, watch exits and heartbeats, fail fast, restart the group.
+"""The agent: start every task, watch exits and heartbeats, fail fast, and decide restarts,
+preemptions and shrinking, for every engine (the one restart policy).
 
 It reads only typed events (worker.protocol) from its engine; output lines go straight to the
 display and never through this loop, so a flood or a stalled terminal cannot delay fail-fast.
@@ -8,34 +9,24 @@ from __future__ import annotations
 
 import collections
 import queue
-import signal
 import time
 
-from launcher.run import interrupts
 from launcher.engines import Engine, engine_for
+from launcher.engines.base import SchedulerCause
 from launcher.errors import Interrupted, RunFailed
+from launcher.run import interrupts
+from launcher.run.failure import Failure, FailureKind
 from launcher.run.output import Output
-from launcher.plan import TaskPlan
 from launcher.run.record import Attempt, Owner, run_path
+from launcher.run.watch import TAIL_LINES, Watch
 from launcher.spec import ClusterSpec
 from worker import protocol
+from worker.protocol import AttemptOutcome as Outcome
 from worker.protocol import RunState, TaskState
 
 TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 SAVE_EVERY_S = 1.0
 TICK_S = 0.5  # the agent wakes for events at once; this only paces its own checks (timeouts, grace)
-TAIL_LINES = 15
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = "; SIGKILL often means out of memory, or a kill -9" if name == "SIGKILL" else ""
-        return f"was killed by {name} (exit code {code}{hint})"
-    return f"exited with code {code}"
 
 
 class _AttemptSink:
@@ -56,9 +47,10 @@ class _AttemptSink:
         self.output(index, [text], 0)
 
 
-class Agent:
+class Agent(Watch):
     def __init__(self, spec: ClusterSpec, engine: Engine, owner: Owner, out: Output):
-        self.spec, self.plans, self.engine, self.owner, self.out = spec, engine.plans, engine, owner, out
+        self.spec, self.engine, self.owner, self.out = spec, engine, owner, out
+        self.plans = engine.plans
         self.run = owner.record
         self.plan_of = {p.index: p for p in self.plans}
         self.live: set[int] = set()  # tasks started in this attempt whose exit is not known yet
@@ -66,51 +58,63 @@ class Agent:
         self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in self.plans}
         self.events: queue.Queue = queue.Queue()
         self.heard: dict[int, float] = {}  # when each task of this attempt last sent any record
+        owner.warn = out.say
 
-    # -- the state machine: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
+    # -- the policy: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
     def execute(self) -> None:
         run, launch = self.run, self.spec.launch
         try:
             while True:
-                outcome, reason = self.attempt(run.attempt)
-                if outcome == "succeeded":
-                    run.state = RunState.SUCCEEDED
+                outcome, failure, reason = self.attempt(run.attempt)
+                final = failure is not None and failure.kind == FailureKind.SCHEDULER  # no restart would come
+                if outcome == Outcome.SUCCEEDED:
+                    run.set_state(RunState.SUCCEEDED)
                     return
-                if outcome == "preempted" and run.preemptions < launch.max_preemptions:
+                if outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
                     run.preemptions += 1
                     self.out.say(f"attempt {run.attempt} was preempted: {reason}")
                     self.out.say(f"restarting the whole group after preemption {run.preemptions} (not counted "
-                                 "against max_restarts); it resumes from the checkpoint taken on notice")
-                elif outcome == "failed" and self.shrink():
+                                 "against max_restarts); it resumes from its last checkpoint")
+                elif outcome == Outcome.FAILED and not final and self.shrink():
                     self.out.say(f"attempt {run.attempt} lost a host: {reason}")
-                    self.out.say(f"going on with {len(self.plans)} task(s) ({', '.join(p.host.label for p in self.plans)}); "
-                                 "they resume from the last checkpoint with a new TF_CONFIG")
-                elif run.restarts < launch.max_restarts:
+                    self.out.say(f"going on with {len(self.plans)} task(s) ({', '.join(map(self.label, self.plan_of))});"
+                                 " they resume from the last checkpoint with a new TF_CONFIG")
+                elif outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
                     run.restarts += 1
                     self.out.say(f"attempt {run.attempt} failed: {reason}")
                     self.out.say(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
                                  "after that failure; it resumes from its last checkpoint")
                 else:
-                    if outcome == "preempted":
-                        reason = f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"
-                    run.state, run.failure = RunState.FAILED, reason
-                    raise RunFailed(reason)
+                    if outcome == Outcome.PREEMPTED:
+                        failure = Failure(kind=FailureKind.SCHEDULER, message=(
+                            f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"))
+                    run.set_state(RunState.FAILED, failure)
+                    raise RunFailed(failure.message)
                 run.attempt += 1
         except KeyboardInterrupt:
             why = interrupts.reason()
             if (run_path(run.run_id) / "down.request").exists():
                 why = "stopped by 'mgpu-cluster down'"
             with interrupts.shield(self.out.say):
-                self.teardown(why)
-                run.state, run.failure = RunState.STOPPED, f"{why}; every task was stopped"
-                self.end_attempt("stopped", why)
-            raise Interrupted(run.failure) from None
+                unreached = self.teardown(why)
+                stopped = Failure(kind=FailureKind.STOPPED, message=f"{why}; {self.stop_words(unreached)}")
+                run.set_state(RunState.STOPPED, stopped)
+                self.end_attempt(Outcome.STOPPED, why, stopped)
+            raise Interrupted(stopped.message) from None
         finally:
             with interrupts.shield(self.out.say):
                 if self.live:
                     self.teardown("the launcher is exiting")
-                run.ended_at = time.time()
                 self.owner.save()
+
+    def stop_words(self, unreached: list[int]) -> str:
+        """What a stop achieved, truthfully: which tasks stopped, which could not be reached."""
+        if not unreached:
+            return "every task was stopped"
+        reached = [str(i) for i in self.plan_of if i not in unreached]
+        return (f"{'task(s) ' + ', '.join(reached) + ' were stopped; ' if reached else ''}"
+                f"{', '.join(map(self.label, unreached))} could not be reached: they stop by themselves when they "
+                f"hear nothing from this launcher for {self.spec.launch.lifeline:g} s (lifeline)")
 
     def shrink(self) -> bool:
         """Elastic runs (min_hosts): leave out the hosts that no longer answer, if enough remain."""
@@ -126,36 +130,36 @@ class Agent:
         for i in gone:
             self.run.tasks[i].state = TaskState.LOST
             self.run.hosts_lost.append(i)
-            self.out.say(f"{self.plan_of[i].label} is left out: {answers[indices.index(i)].error}")
+            self.out.say(f"{self.label(i)} is left out: {answers[indices.index(i)].error}")
+        if self.run.attempts:
+            self.run.attempts[-1].outcome = Outcome.SHRUNK
         self.engine.close()
         self.engine = engine_for(self.spec, self.run.run_id, only=left)
         self.plans = self.engine.plans
         self.plan_of = {p.index: p for p in self.plans}
         return True
 
-    def attempt(self, number: int) -> tuple[str, str | None]:
-        """Run one attempt of the group: ("succeeded" | "failed" | "preempted", why)."""
+    def attempt(self, number: int) -> tuple[Outcome, Failure | None, str | None]:
+        """Run one attempt of the group: its outcome, its failure (None unless it failed), and why."""
         run = self.run
-        run.state = RunState.STARTING
+        run.set_state(RunState.STARTING)
         active = [run.tasks[p.index] for p in self.plans]
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=[p.index for p in self.plans]))
         for t in active:
             t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
             t.proc_status, t.restarts = None, number
-        self.events, self.heard = queue.Queue(), {}
-        self.preempted_at: float | None = None
-        spawn_at = time.time()
-        run.phases.setdefault("spawn_started", spawn_at)
+        self.events, self.heard, self.preempted_at = queue.Queue(), {}, None
+        run.phases.setdefault("spawn_started", time.time())
         self.owner.save()
         self.live = {p.index for p in self.plans}
-        failed = self.engine.start(number, _AttemptSink(self, number))
-        if self.engine.restarts_itself:  # a scheduler's start() returns once its job left the queue:
-            spawn_at = time.time()  # time in the queue is no start-up hang
-        failure = "\n".join(f"{self.plan_of[i].label} could not be started: {why}" for i, why in sorted(failed.items()))
-        for i in failed:  # every host's outcome: one that fails to start must not hide another
+        not_started = self.engine.start(number, _AttemptSink(self, number))
+        run.job = getattr(self.engine, "job_record", lambda: run.job)()
+        spawn_at = time.time()  # a scheduler's start() returns once its job left the queue
+        failure = None
+        for i, why in sorted(not_started.items()):  # every host's outcome: one must not hide another
             self.live.discard(i)
             run.tasks[i].state = TaskState.FAILED
-        failure = failure or None
+            failure = failure or self.task_failure(i, FailureKind.NOT_STARTED, f"could not be started: {why}")
         self.owner.save()
         while failure is None:
             try:
@@ -166,144 +170,59 @@ class Agent:
                 failure = self.on_event(got[1], got[2])
             if self.preempted_at is not None:
                 if not self.live or time.time() - self.preempted_at > self.spec.launch.preempt_grace:
-                    return self.wind_down(number)
+                    break
                 continue
             failure = failure or self.check_timeouts(spawn_at)
             if failure is None and all(t.state == TaskState.SUCCEEDED for t in active):
                 self.mark_phase("end")
-                self.end_attempt("succeeded", None)
-                return "succeeded", None
+                self.end_attempt(Outcome.SUCCEEDED, None)
+                return Outcome.SUCCEEDED, None, None
             self.owner.save(every=SAVE_EVERY_S)
-        self.end_attempt("failed", failure)
-        if not self.engine.restarts_itself:  # else the scheduler ends the attempt and starts the next itself;
-            self.out.say(f"attempt {number} failed: stopping every task")  # execute() stops the rest if none follows
-            with interrupts.shield(self.out.say):
-                self.teardown("another task failed")
-        return "failed", failure
+        return self.conclude(number, failure)
 
-    def wind_down(self, number: int) -> tuple[str, str]:
-        """A preemption: the group saved (or had preempt_grace to); stop what is left."""
-        names = [self.plan_of[t.index].label for t in self.run.tasks if t.state == TaskState.PREEMPTED]
-        reason = (f"{', '.join(names) or 'a task'} got notice to stop (SIGTERM from its host or scheduler) and "
-                  "the group saved a checkpoint")
-        self.end_attempt("preempted", reason)
-        if not self.engine.restarts_itself:
+    def conclude(self, number: int, failure: Failure | None) -> tuple[Outcome, Failure | None, str]:
+        """An attempt that did not succeed: the scheduler's verdict first (a requeue is a preemption;
+        a time limit or an outside cancel ends the run), else a preemption or the failure itself."""
+        verdict = self.engine.verdict(number)
+        if verdict is not None and verdict.cause == SchedulerCause.REQUEUED:
+            self.settle("the scheduler requeued the job")  # Slurm ends them; the job runs again by itself
+            self.end_attempt(Outcome.PREEMPTED, verdict.reason)
+            return Outcome.PREEMPTED, None, verdict.reason
+        if verdict is not None:
+            failure = Failure(kind=FailureKind.SCHEDULER, message=(
+                f"{verdict.reason}. Tasks that saved on notice are recorded preempted; the run ends here (no "
+                f"restart follows a scheduler's end). 'mgpu-cluster logs {self.run.run_id}' shows their logs."))
+        elif failure is None:  # a preemption: the group saved, or had preempt_grace to
+            names = [self.label(t.index) for t in self.run.tasks if t.state == TaskState.PREEMPTED]
+            reason = (f"{', '.join(names) or 'a task'} got notice to stop (a signal from its host or scheduler); "
+                      "the group saved a checkpoint, or had preempt_grace to")
             with interrupts.shield(self.out.say):
                 self.teardown("the group was preempted")
-        return "preempted", reason
+            self.end_attempt(Outcome.PREEMPTED, reason)
+            return Outcome.PREEMPTED, None, reason
+        self.out.say(f"attempt {number} failed: stopping every task")
+        with interrupts.shield(self.out.say):
+            self.teardown("another task failed")
+        self.end_attempt(Outcome.FAILED, failure.message, failure)
+        return Outcome.FAILED, failure, failure.message
 
-    def end_attempt(self, outcome: str, reason: str | None) -> None:
+    def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> None:
         current = self.run.attempts[-1] if self.run.attempts else None
         if current is not None and current.ended_at is None:
-            current.ended_at, current.outcome, current.reason = time.time(), outcome, reason
+            current.ended_at, current.outcome, current.reason, current.failure = time.time(), outcome, reason, failure
             self.owner.save()
 
-    def on_event(self, index: int, ev: protocol.Event) -> str | None:
-        task, plan = self.run.tasks[index], self.plan_of[index]
-        now = self.heard[index] = time.time()
-        if isinstance(ev, protocol.Started):
-            task.state, task.pid, task.create_time = TaskState.RUNNING, ev.pid, ev.create_time
-            task.supervisor_pid, task.started_at = ev.supervisor_pid, now
-            if ev.host:
-                task.host = ev.host
-            if ev.port:
-                task.port = ev.port
-            if all(self.run.tasks[p.index].state == TaskState.RUNNING for p in self.plans):
-                self.run.state = RunState.RUNNING
-                self.mark_phase("all_started")
-                self.owner.save()
-        elif isinstance(ev, protocol.Stats):
-            if ev.status is not None:  # else a beat without figures
-                task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
-        elif isinstance(ev, protocol.Progress):
-            task.progress, p = ev.progress, ev.progress
-            # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
-            if task.heartbeat or (p.get("global_step") or 0) > (p.get("first_global_step") or 0):
-                task.heartbeat = now
-            if (ev.progress.get("global_step") or 0) > 0:
-                self.mark_phase("first_step")
-        elif isinstance(ev, protocol.Exit):
-            self.live.discard(index)
-            task.exit_code, task.ended_at = ev.code, now
-            if ev.tail:
-                self.tails[index] = collections.deque(ev.tail[-TAIL_LINES:], maxlen=TAIL_LINES)
-            notice = (task.progress or {}).get("state") in ("preempting", "preempted")
-            if ev.code == protocol.EXIT_PREEMPTED or notice or self.preempted_at is not None:
-                # not a failure: the peers are saving the same checkpoint; let them finish
-                task.state = TaskState.PREEMPTED
-                if self.preempted_at is None:
-                    self.preempted_at = now
-                    self.out.say(f"{plan.label} was preempted ({describe_exit(ev.code)}); waiting up to "
-                                 f"preempt_grace = {self.spec.launch.preempt_grace:g} s for the others to save")
-                self.owner.save()
-                return None
-            if ev.code == 0:
-                task.state = TaskState.SUCCEEDED
-                self.owner.save()
-                return None
-            task.state = TaskState.FAILED
-            return self.report(plan, ev.reason or describe_exit(ev.code))
-        elif isinstance(ev, protocol.Lost):
-            self.live.discard(index)
-            task.state, task.ended_at = TaskState.LOST, now
-            return self.report(plan, f"was lost: {ev.reason}")
-        return None
+    def settle(self, reason: str) -> None:
+        """Wait (bounded) for the exit reports of tasks that something else is ending, stopping nothing."""
+        self.collect(set(self.live), self.spec.launch.stop_grace + TEARDOWN_SLACK_S)
+        for i in self.live:
+            self.run.tasks[i].state = TaskState.STOPPED
+            self.out.say(f"{self.label(i)} sent no exit report ({reason})")
+        self.live = set()
 
-    def check_timeouts(self, spawn_at: float) -> str | None:
-        now, launch = time.time(), self.spec.launch
-        for plan in self.plans:
-            task = self.run.tasks[plan.index]
-            if task.state == TaskState.PENDING and task.index in self.live and now - spawn_at > launch.start_timeout:
-                task.state = TaskState.FAILED
-                return self.report(plan, f"did not start within start_timeout = {launch.start_timeout:g} s")
-        # the heartbeat is armed by on_event once the task has trained a step
-        running = [self.run.tasks[p.index] for p in self.plans]
-        running = [t for t in running if t.state == TaskState.RUNNING and t.heartbeat]
-        if not any(now - t.heartbeat > launch.heartbeat_timeout for t in running):
-            return self.check_silence(now)
-        # a hang stalls its peers too (they wait in the all-reduce): name the task that stopped, not
-        # a waiting peer: a process that is stopped (SIGSTOP), else the one furthest behind, longest silent
-        culprit = min(running, key=lambda t: (t.proc_status not in ("stopped", "tracing-stop"),
-                                              (t.progress or {}).get("global_step") or 0, t.heartbeat))
-        culprit.state = TaskState.FAILED
-        stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in (
-            "stopped", "tracing-stop") else ""
-        return self.report(self.plan_of[culprit.index],
-                           f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
-                           f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
-
-    def check_silence(self, now: float) -> str | None:
-        """Before its first step a task has no heartbeat, but its supervisor still sends a record every
-        protocol.BEAT_S: one silent for the lifeline (the bound the supervisors keep towards us) is lost,
-        e.g. its host was cut off while TensorFlow was starting."""
-        if not self.engine.beats:
-            return None
-        launch = self.spec.launch
-        for plan in self.plans:
-            task, heard = self.run.tasks[plan.index], self.heard.get(plan.index)
-            if task.state == TaskState.RUNNING and heard and now - heard > launch.lifeline:
-                task.state = TaskState.FAILED
-                return self.report(plan, f"sent no progress and no sign of life for {now - heard:.0f} s (its supervisor "
-                                         f"reports every {protocol.BEAT_S:g} s; the limit is {launch.lifeline:g} s, from "
-                                         f"heartbeat_timeout = {launch.heartbeat_timeout:g} s): its host is cut off or "
-                                         "down, or its supervisor is stopped")
-        return None
-
-    def report(self, plan: TaskPlan, what: str) -> str:
-        tail = "\n".join(f"    {line}" for line in self.tails[plan.index]) or "    (no output)"
-        return (f"{plan.label} {what}. Every other task was stopped. Last lines of its log "
-                f"({plan.host.label}:{plan.run_dir}/worker.log):\n{tail}\n"
-                f"Read the whole log with 'mgpu-cluster logs {self.run.run_id} --task {plan.index}'.")
-
-    def teardown(self, reason: str) -> None:
-        """Stop every live task, then wait (bounded) for each one's exit report."""
-        live, self.live = set(self.live), set()
-        if not live:
-            return
-        self.out.say(f"stopping {len(live)} task(s): {reason}")
-        self.engine.stop(sorted(live))
-        number = self.run.attempt
-        deadline = time.time() + self.spec.launch.stop_grace + TEARDOWN_SLACK_S
+    def collect(self, live: set[int], seconds: float) -> None:
+        """Take exit reports of `live` tasks of this attempt for up to `seconds`; they leave `live`."""
+        number, deadline = self.run.attempt, time.time() + seconds
         while live and time.time() < deadline:
             try:
                 attempt, index, ev = self.events.get(timeout=TICK_S)
@@ -313,13 +232,26 @@ class Agent:
                 continue
             if isinstance(ev, (protocol.Exit, protocol.Lost)):
                 live.discard(index)
+                self.live.discard(index)
                 task = self.run.tasks[index]
-                task.exit_code = getattr(ev, "code", None)
-                if task.state != TaskState.PREEMPTED:
+                task.exit_code, task.ended_at = getattr(ev, "code", None), time.time()
+                if isinstance(ev, protocol.Exit) and (ev.notice or ev.code == protocol.EXIT_PREEMPTED):
+                    task.state = TaskState.PREEMPTED
+                elif task.state != TaskState.PREEMPTED:
                     task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
-                task.ended_at = time.time()
-            elif isinstance(ev, protocol.Started):
+            elif isinstance(ev, (protocol.Started, protocol.Note)):
                 self.on_event(index, ev)
+
+    def teardown(self, reason: str) -> list[int]:
+        """Stop every live task, then wait (bounded) for each one's exit report; the tasks that could
+        not be reached to stop them."""
+        live, self.live = set(self.live), set()
+        if not live:
+            return []
+        self.out.say(f"stopping {len(live)} task(s): {reason}")
+        self.engine.stop(sorted(live))
+        self.collect(live, self.spec.launch.stop_grace + TEARDOWN_SLACK_S)
+        unreached = []
         if live:
             self.out.say(f"tasks {sorted(live)} did not confirm their stop; stopping them from their folders")
             stuck = sorted(live)
@@ -327,12 +259,12 @@ class Agent:
                 task = self.run.tasks[index]
                 task.state, task.ended_at = (TaskState.STOPPED if res.ok else TaskState.LOST), time.time()
                 if not res.ok:  # an unreachable host must not end the teardown
-                    self.out.say(f"{self.plan_of[index].label} could not be stopped: {res.error}")
+                    unreached.append(index)
+                    self.out.say(f"{self.label(index)} could not be stopped: {res.error}")
         for p in self.plans:
             task = self.run.tasks[p.index]
             if task.state in (TaskState.PENDING, TaskState.RUNNING):
                 task.state = TaskState.STOPPED
         self.owner.save()
+        return unreached
 
-    def mark_phase(self, name: str) -> None:
-        self.run.phases.setdefault(name, time.time())

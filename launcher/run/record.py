@@ -19,10 +19,11 @@ from pathlib import Path
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.plan import TaskPlan, mgpu_home
-from worker.protocol import RunState, TaskState
+from launcher.run.failure import Failure
+from worker.protocol import AttemptOutcome, RunState, TaskState
 from worker.task.files import write_private
 
-VERSION = 2
+VERSION = 3
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
@@ -53,8 +54,9 @@ class Attempt:
     number: int
     started_at: float
     ended_at: float | None = None
-    outcome: str | None = None  # succeeded, failed, preempted, shrunk, stopped
-    reason: str | None = None  # the failure that ended it
+    outcome: AttemptOutcome | None = None
+    reason: str | None = None  # what ended it, in words
+    failure: Failure | None = None  # the failure that ended it, as data
     tasks: list[int] = field(default_factory=list)
 
 
@@ -73,7 +75,7 @@ class RunRecord:
     detached: bool = False
     created_at: float = field(default_factory=time.time)
     ended_at: float | None = None
-    failure: str | None = None
+    failure: Failure | None = None
     job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
@@ -84,8 +86,17 @@ class RunRecord:
     def ended(self) -> bool:
         return self.state.ended
 
+    def set_state(self, state: RunState, failure: Failure | None = None) -> None:
+        """The one place a run's state changes: an ended run keeps its end time and its failure."""
+        self.state = state
+        if failure is not None:
+            self.failure = failure
+        if state.ended and self.ended_at is None:
+            self.ended_at = time.time()
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        data = asdict(self)  # a Failure becomes a dict with its kind's value (a str enum)
+        return json.dumps(data, indent=1, default=str)
 
     @classmethod
     def from_json(cls, text: str) -> "RunRecord":
@@ -96,7 +107,10 @@ class RunRecord:
             raise OldVersion(f"record version {data.get('version', 1)}, this mgpu-cluster reads version {VERSION}")
         data["state"] = RunState(data["state"])
         data["tasks"] = [TaskRecord(**{**t, "state": TaskState(t["state"])}) for t in data.get("tasks", [])]
-        data["attempts"] = [Attempt(**a) for a in data.get("attempts", [])]
+        data["attempts"] = [Attempt(**{**a, "outcome": AttemptOutcome(a["outcome"]) if a.get("outcome") else None,
+                                       "failure": Failure.from_json(a.get("failure"))})
+                            for a in data.get("attempts", [])]
+        data["failure"] = Failure.from_json(data.get("failure"))
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -217,6 +231,8 @@ class Owner:
     def __init__(self, record: RunRecord, lock: Lock):
         self.record, self.lock = record, lock
         self.saved_at = 0.0
+        self.warn = lambda _text: None  # told once when the record cannot be written (a full disk)
+        self.failing: str | None = None
 
     @classmethod
     def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool) -> "Owner":
@@ -255,7 +271,20 @@ class Owner:
     def save(self, every: float = 0.0) -> None:
         if every and time.time() - self.saved_at < every:
             return
-        write_private(run_path(self.record.run_id) / "state.json", self.record.to_json())
+        path = run_path(self.record.run_id) / "state.json"
+        try:
+            write_private(path, self.record.to_json())
+        except OSError as exc:  # the run goes on; its record catches up when the disk has room again
+            if self.failing is None:
+                free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+                self.failing = (f"cannot write the run record {path}: {exc.strerror or exc} ({free / 2**20:.1f} MiB "
+                                f"free there). The run goes on; 'mgpu-cluster status' shows the last record written "
+                                f"until there is room again: free space under {path.parent.parent} (MGPU_HOME).")
+                self.warn(self.failing)
+            return
+        if self.failing is not None:
+            self.failing = None
+            self.warn(f"the run record {path} is written again")
         self.saved_at = time.time()
 
     def release(self) -> None:

@@ -32,7 +32,6 @@ def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
 
 class SupervisedEngine(Engine):
     kind = EngineKind.SUPERVISED
-    beats = True
 
     def __init__(self, spec, run_id: str, only: list[int] | None = None):
         super().__init__(spec, run_id, only)

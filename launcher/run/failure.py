@@ -1,0 +1,92 @@
+"""A run's failure as data: which task, on which host, what kind, its code or signal, its log; shown as
+one paragraph, given as an object in `status --json` (and kept per attempt in the record)."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import asdict, dataclass, field
+
+from worker import protocol
+
+
+class FailureKind(str, enum.Enum):
+    """The documented kinds of failure (README, `status --json`)."""
+
+    EXITED = "exited"  # the training exited with a non-zero code
+    KILLED = "killed"  # the training was killed by a signal
+    LOST = "lost"  # its host or supervisor went away or fell silent
+    HUNG = "hung"  # no progress past heartbeat_timeout
+    NOT_STARTED = "not_started"  # it could not be started (or did not start within start_timeout)
+    PORT_TAKEN = "port_taken"  # its port was taken between the preflight and the start
+    SCHEDULER = "scheduler"  # the scheduler ended it: time limit, node failure, cancelled from outside
+    REFUSED = "refused"  # the preflight refused the cluster: nothing was started
+    STOPPED = "stopped"  # Ctrl-C, TERM or `mgpu-cluster down`
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    message: str  # the paragraph shown to the user
+    task: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None  # "SIGKILL"
+    log: str | None = None  # host:path of the task's worker.log
+    tail: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["kind"] = str(self.kind)
+        return data
+
+    @classmethod
+    def from_json(cls, data) -> "Failure | None":
+        if isinstance(data, str):  # a record written before failures were data
+            return cls(kind=FailureKind.EXITED, message=data)
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(**{**data, "kind": FailureKind(data["kind"])})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def signal_name(code: int | None) -> str | None:
+    """SIGKILL for an exit code of -9 (killed by that signal); None for an exit."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def describe_exit(code: int) -> str:
+    name = signal_name(code)
+    if name:
+        hint = "; SIGKILL often means out of memory, or a kill -9" if name == "SIGKILL" else ""
+        return f"was killed by {name} (exit code {code}{hint})"
+    return f"exited with code {code}"
+
+
+def of_exit(ev: protocol.Exit) -> tuple[FailureKind, str]:
+    """The kind and the words of a task's non-zero exit."""
+    if ev.code == protocol.EXIT_PORT_BUSY and ev.reason:
+        return FailureKind.PORT_TAKEN, ev.reason
+    if ev.reason:
+        return FailureKind.NOT_STARTED, ev.reason
+    return (FailureKind.KILLED if ev.code < 0 else FailureKind.EXITED), describe_exit(ev.code)
+
+
+def of_task(kind: FailureKind, what: str, index: int, label: str, host: str, log: str, tail: list[str],
+            run_id: str, code: int | None = None) -> Failure:
+    """A task's failure, with the paragraph: the task, what happened, its log's last lines, what next."""
+    shown = "\n".join(f"    {line}" for line in tail) or "    (no output)"
+    message = (f"{label} {what}. Every other task was stopped. Last lines of its log ({log}):\n{shown}\n"
+               f"Read the whole log with 'mgpu-cluster logs {run_id} --task {index}'.")
+    return Failure(kind=kind, message=message, task=index, host=host, exit_code=code, signal=signal_name(code),
+                   log=log, tail=list(tail))
