@@ -110,10 +110,11 @@ class TaskCore:
             self._write_failed(self.run_dir / name, exc)
 
     def _write_failed(self, path: Path, exc: OSError) -> None:
-        if str(path) in self.failed_writes:
+        if str(path.parent) in self.failed_writes:  # said once per folder: one paragraph, not one a file
             return
-        self.failed_writes.add(str(path))
-        text = write_problem(path, exc) + "; the task goes on and its exit still reaches the launcher"
+        self.failed_writes.add(str(path.parent))
+        text = (write_problem(path, exc) + "; the task goes on without its files there (its log and "
+                "progress may be missing) and its exit still reaches the launcher; free space there for the next run")
         if protocol is not None:
             self.emit(protocol.Note(text=text))
         else:
