@@ -590,3 +590,43 @@ def test_task_environment_is_not_on_a_remote_command_line(cli, th, tmp_path):
     code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), look, "progress", ready_timeout=120)
     assert code == 130, out
     assert not seen, seen
+
+
+FLOOD = """
+import os, sys, time
+if os.environ["MGPU_TASK_INDEX"] == "1":
+    time.sleep(600)
+line = "x" * 200
+t0 = time.time()
+while time.time() - t0 < 3:
+    print(line, flush=True)
+open(sys.argv[1], "w").write(repr(time.time()))
+sys.exit(3)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("rate", ["1mbit", "256kbit"])
+def test_fail_fast_over_a_slow_link_while_a_task_floods_output(cli, th, tmp_path, rate):
+    """A slow link from the flooding task's host: its exit overtakes its output, and its peer is stopped
+    within 3 s of the exit (queued output once delayed it by 18 s at 1 Mbit/s)."""
+    exit_at, h0 = tmp_path / "exit_at", th.hosts[0]
+    spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "-c", FLOOD, str(exit_at)]},
+                      launch={"heartbeat_timeout": 120})
+    shape = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(["ip", "netns", "exec", h0.netns, *shape], check=True)
+    try:
+        up = cli.popen("up", spec)
+        peer = wait_for(lambda: next((p for p in run_processes(tmp_path)  # only the training has the task's env
+                                      if (p.info["environ"] or {}).get("MGPU_TASK_INDEX") == "1"), None),
+                        60, "the peer's training process")
+        wait_for(exit_at.exists, 60, "the flooding task's exit")
+        gone, _alive = psutil.wait_procs([peer], timeout=30)
+        stopped_at = time.time()
+        out, _ = up.communicate(timeout=120)
+    finally:
+        subprocess.run(["ip", "netns", "exec", h0.netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+    took = stopped_at - float(exit_at.read_text())
+    print(f"\nslow link ({rate}/s): peer stopped {took:.2f} s after the flooding task exited")
+    assert up.returncode == 1 and "exited with code 3" in out and "Traceback" not in out, out
+    assert gone and took < 3.0, f"the peer was stopped {took:.1f} s after the failure"
