@@ -310,6 +310,33 @@ def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
 
 
 @needs_root
+def test_ctrl_c_with_a_host_cut_off_says_which_tasks_were_stopped(cli, th, tmp_path):
+    """A stop that cannot reach a host says so, on screen and in the record, and names the lifeline."""
+    victim = 1
+    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 10, "connect_timeout": 3})
+    cut_pids = []
+
+    def cut_then_interrupt(up, st):
+        cut_pids.extend([st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]])
+        th.cut(victim)
+        up.send_signal(signal.SIGINT)
+
+    try:
+        code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), cut_then_interrupt,
+                                 "2 tasks progressing", ready_timeout=120, timeout=180)
+        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+    finally:
+        th.restore(victim)
+    assert code == 130 and "Traceback" not in out, out
+    failure = status_json(cli)["failure"]
+    assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
+    assert f"task {victim} ({th.addresses[victim]}:{PORT})" in failure["message"], failure
+    assert "task(s) 0 were stopped" in failure["message"] and "lifeline" in failure["message"], failure
+    assert "every task was stopped" not in out, out
+    assert not wait_gone(tmp_path, 30)
+
+
+@needs_root
 @pytest.mark.parametrize("fault", ["no host at the address", "sshd down", "unknown user"])
 def test_unreachable_host_refused_at_preflight(cli, th, tmp_path, fault):
     addresses, hosts = [th.addresses[0], th.addresses[2]], [{}, {}]
