@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
 
 from launcher.engines.supervised.preflight import sync_files  # noqa: E402
-from launcher.engines.supervised.ssh import _cd, shell_command  # noqa: E402
+from launcher.engines.supervised.shell import _cd, shell_command  # noqa: E402
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 and not IN_CI,

@@ -12,18 +12,15 @@ the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `launch.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import posixpath
 import secrets
-import shlex
 import socket
 import stat as statmod
 import threading
 import time
-from pathlib import Path
 
 import paramiko
 from fabric import Connection
@@ -31,6 +28,8 @@ from fabric import Connection
 from launcher.errors import MgpuError
 from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
+from launcher.engines.supervised.hostkeys import check_host_keys, hostkey_name
+from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
@@ -43,78 +42,6 @@ class HostUnreachable(MgpuError):
     """A host cannot be reached, authenticated or trusted over SSH."""
 
     exit_code = 2
-
-
-def _cd(cwd: str) -> str:
-    """`cd` to cwd, quoted; a leading ~ or ~/ stays expandable (quoting would make it literal)."""
-    if cwd == "~":
-        return "cd ~"
-    if cwd.startswith("~/"):
-        return "cd ~/" + shlex.quote(cwd[2:])
-    return "cd " + shlex.quote(cwd)
-
-
-def shell_command(argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
-    """A POSIX shell line that runs argv in cwd with env; every value quoted, nothing interpreted."""
-    line = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]) if env else shlex.join(argv)
-    return f"{_cd(cwd)} && exec {line}" if cwd else f"exec {line}"
-
-
-# --------------------------------------------------------------------------- host keys
-
-_KNOWN_HOSTS_LOCK = threading.Lock()
-
-
-class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Accept a host's key on first contact and append it to the user's known_hosts.
-
-    A key that differs from a recorded one is still refused (paramiko raises BadHostKeyException
-    before any policy is asked)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        with _KNOWN_HOSTS_LOCK:
-            try:
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "a") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX)
-                    f.write(line)
-            except OSError:
-                pass  # accepted for this run even when it cannot be recorded
-
-
-def _known_hosts_files(conn: Connection) -> tuple[list[str], list[str]]:
-    user = conn.ssh_config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
-    system = conn.ssh_config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
-    expand = lambda v: [os.path.expanduser(p) for p in (v if isinstance(v, list) else v.split())]  # noqa: E731
-    return expand(user), expand(system)
-
-
-def _check_host_keys(conn: Connection, launch: Launch) -> list[str]:
-    """Load known_hosts into conn's client and refuse unknown keys (unless accept_new_host_keys);
-    the known_hosts files, the one that records new keys first."""
-    user, system = _known_hosts_files(conn)
-    client = conn.client
-    for path in system + user:  # the user's files are only appended to (AcceptNewPolicy)
-        if os.path.isfile(path):
-            try:
-                client.get_host_keys().load(path)
-            except (OSError, paramiko.SSHException, ValueError):
-                pass  # an unreadable file: its hosts count as unknown
-    policy = AcceptNewPolicy(user[0]) if launch.accept_new_host_keys else paramiko.RejectPolicy()
-    client.set_missing_host_key_policy(policy)
-    if isinstance(conn.gateway, Connection):  # a ProxyJump host is checked the same way
-        _check_host_keys(conn.gateway, launch)
-    return user + system
-
-
-def _hostkey_name(conn: Connection) -> str:
-    return conn.host if int(conn.port) == 22 else f"[{conn.host}]:{conn.port}"
 
 
 # --------------------------------------------------------------------------- transport
@@ -192,7 +119,7 @@ class SSHTransport(Transport):
                               connect_timeout=max(1, round(timeout)), connect_kwargs=kwargs)
         except Exception as exc:  # a broken ~/.ssh/config, an unusable ProxyJump
             raise HostUnreachable(f"{self.where}: cannot set up SSH from your ssh config: {exc}") from None
-        self.known_hosts = _check_host_keys(conn, self.launch)
+        self.known_hosts = check_host_keys(conn, self.launch)
         try:
             conn.open()
         except Exception as exc:
@@ -217,7 +144,7 @@ class SSHTransport(Transport):
             return (f"{name}: its SSH host key has CHANGED since it was recorded in known_hosts (it now offers a "
                     f"{exc.key.get_name()} key with fingerprint {exc.key.fingerprint}). That happens when a host is "
                     "reinstalled, and also in a man-in-the-middle attack, so the connection was refused. If you trust "
-                    f"the new key, remove the old one with 'ssh-keygen -R {_hostkey_name(conn)}' and connect once with "
+                    f"the new key, remove the old one with 'ssh-keygen -R {hostkey_name(conn)}' and connect once with "
                     f"'ssh {port_opt}{conn.user}@{conn.host}'. accept_new_host_keys does not accept a changed key.")
         if isinstance(exc, paramiko.AuthenticationException):
             return (f"{name}: SSH authentication failed ({exc}). Check the user and key ('user' and 'identity_file' "
