@@ -22,7 +22,7 @@ from typing import Any
 
 from worker.task.channel import Channel
 from worker.task.files import write_private
-from worker.task.host import die_with_parent, port_holder, tree_rss, write_problem
+from worker.task.host import Meter, die_with_parent, port_holder, write_problem
 from worker.task.lines import Lines
 from worker.task.spawn import OWN_GROUP
 
@@ -69,7 +69,6 @@ class TaskCore:
         self.proc: subprocess.Popen | None = None
         self.lines = Lines()
         self.last_progress = ""
-        self.ps = None  # psutil.Process of the task, for its stats
         self.notice = ""  # the signal that gave notice, if one did
         self.failed_writes: set[str] = set()
         self.log = None
@@ -152,6 +151,7 @@ class TaskCore:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
         _import_rest()
+        self.meter = Meter(self.proc.pid)
         pump = threading.Thread(target=self.pump, daemon=True)
         pump.start()
         if s.cpus:
@@ -281,19 +281,8 @@ class TaskCore:
     def send_stats(self) -> None:
         """CPU%, RSS and state of the task, and in any case a record: the launcher counts a core
         silent for its lifeline as lost."""
-        stats = protocol.Stats()
-        try:
-            import psutil
-
-            if self.ps is None:
-                self.ps = psutil.Process(self.proc.pid)
-                self.ps.cpu_percent(None)  # the first call starts the measuring window
-            else:
-                stats = protocol.Stats(cpu_percent=round(self.ps.cpu_percent(None), 1), rss=tree_rss(self.ps),
-                                       status=self.ps.status())
-        except Exception:  # psutil missing or the task just ended: the figures are optional
-            pass
-        self.emit(stats)
+        cpu, rss, status = self.meter.read()
+        self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
 
     # ---- stopping
     def stop(self, reason: str, notice: str = "") -> None:

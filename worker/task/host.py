@@ -51,6 +51,26 @@ def tree_rss(proc) -> int:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
 
 
+class Meter:
+    """CPU% (since the last read), resident memory of the tree, and state of one process; Nones where
+    psutil has no figures (yet, or any more)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.ps = pid, None
+
+    def read(self) -> tuple[float | None, int | None, str | None]:
+        try:
+            import psutil
+
+            if self.ps is None:
+                self.ps = psutil.Process(self.pid)
+                self.ps.cpu_percent(None)  # the first call starts the measuring window
+                return None, None, None
+            return round(self.ps.cpu_percent(None), 1), tree_rss(self.ps), self.ps.status()
+        except Exception:  # psutil missing, or the process just ended
+            return None, None, None
+
+
 def free_space(path: Path) -> str:
     """'12.0 MiB free' of the file system holding `path` (or its nearest existing parent)."""
     for folder in [path, *path.parents]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from worker.task import procs
+from worker.task.host import tree_rss
 
 
 def _read(path: Path) -> str | None:
@@ -81,7 +82,7 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
         try:
             row["cpu_percent"] = round(proc.cpu_percent(None), 1)
             row["status"] = proc.status()
-            row["rss"] = sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+            row["rss"] = tree_rss(proc)
         except psutil.Error:
             pass
     return rows

@@ -124,7 +124,7 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
     argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
     timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
     lead = group[0] if shared_cwd else dataclasses.replace(group[0], cwd=None)
-    if hold and len(group) == 1 and hasattr(transport, "call_and_hold"):
+    if hold and len(group) == 1 and transport.can_hold:
         argv += ["--hold", f"{HOLD_S:g}", "--", *lead.supervisor_argv(0, lifeline=spec.launch.lifeline)[3:]]
         code, out, err = transport.call_and_hold(lead, argv, timeout)
     else:

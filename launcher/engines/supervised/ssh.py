@@ -61,6 +61,8 @@ class SSHHandle(Handle):
 class SSHTransport(Transport):
     """Every task of one host: one SSH connection, opened on first use, shared by all threads."""
 
+    can_hold = True
+
     def __init__(self, host: Host, launch: Launch):
         self.host, self.launch = host, launch
         self.lock = threading.Lock()

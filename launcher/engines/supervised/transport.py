@@ -33,6 +33,7 @@ class Handle:
 
 
 class Transport:
+    can_hold = False  # a preflight check can stay and become the task's supervisor (call_and_hold)
     def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
         raise NotImplementedError
 
