@@ -28,7 +28,8 @@ class TaskPlan:
 
     @property
     def label(self) -> str:
-        return f"task {self.index} ({self.host.label}:{self.host.port})"
+        port = self.host.port  # 0: not known before the start (a scheduler picks the node and port)
+        return f"task {self.index} ({self.host.label}:{port})" if port else f"task {self.index} ({self.host.label})"
 
     def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []

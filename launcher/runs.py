@@ -203,7 +203,7 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
                 text, offsets[i] = res.value
                 lines = text.splitlines()
                 if len(chosen) > 1:
-                    out.task_lines(engine.plan[i], lines)
+                    out.task_lines(i, run.tasks[i].host, lines)
                 else:
                     for line in lines:
                         print(line)

@@ -17,7 +17,9 @@ import psutil
 import pytest
 
 from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
-from launcher.engines.slurm import batch_script, parse_time, plan_slurm, sbatch_options
+from launcher.engines.slurm.job import parse_time
+from launcher.engines.slurm.plan import plan_slurm
+from launcher.engines.slurm.script import batch_script, sbatch_options
 from launcher.spec import parse_spec
 from worker.task import slurm as slurm_task
 
@@ -64,7 +66,7 @@ def test_example_slurm_spec_is_valid():
 
     spec = load_spec(REPO / "cluster.slurm.toml")
     assert spec.hosts is None and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1
-    script = batch_script(spec, "20260101-000000-abcd")
+    script = batch_script(spec, "20260101-000000-abcd", 0)
     assert "#SBATCH --gpus-per-node=1" in script and "#SBATCH --account=myproject" in script
 
 
@@ -81,7 +83,7 @@ def test_script_quotes_every_value(tmp_path):
     spec = parse_spec({"slurm": {"nodes": 2, "workdir": str(work), "python": "/opt/py 3/bin/python",
                                  "sbatch": ["--comment=a b; $(touch pwned)", "--account", "it's"]},
                        "training": {"command": ["prog", "$(touch pwned)", "a'b", "`id`"]}})
-    script = batch_script(spec, "20260101-000000-abcd")
+    script = batch_script(spec, "20260101-000000-abcd", 0)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert "'$(touch pwned)'" in script and "`id`" not in script.replace("'`id`'", "")
     assert "#SBATCH --account" not in script  # a value with a quote: on the command line only
@@ -162,6 +164,14 @@ def task_info(task: dict) -> dict:
     return json.loads((Path(task["run_dir"]) / "task.json").read_text())
 
 
+def started_record(task: dict, attempt: int):
+    """The Started record the task core wrote for `attempt` in its events file."""
+    from worker import protocol
+
+    lines = (Path(task["run_dir"]) / f"events-{attempt}.jsonl").read_bytes().splitlines()
+    return next(ev for ev in map(protocol.decode, lines) if isinstance(ev, protocol.Started))
+
+
 def training(cli, epoch: int = 1):
     """The newest run's state once both tasks train (task 1 at `epoch` or later)."""
     st = latest_state(cli)
@@ -198,10 +208,9 @@ def test_up_trains_digits_on_two_nodes_with_equal_weights(sc, cli, tmp_path):
     assert snap["job"]["state"] == "completed"
     for t in snap["tasks"]:
         assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
-    # one job; the tasks on the two nodes at their own addresses, both on the port derived from the job id
-    infos = [task_info(t) for t in snap["tasks"]]
-    assert {i["job_id"] for i in infos} == {snap["job"]["id"]}
-    assert [(i["node"], i["address"]) for i in infos] == [tuple(n) for n in sc.nodes]
+    # one job; the tasks on the two nodes, both on the port derived from the job id, as their records said
+    started = [started_record(t, 0) for t in snap["tasks"]]
+    assert [(ev.host, ev.port) for ev in started] == [(n, slurm_task.default_port(snap["job"]["id"])) for n, _ in sc.nodes]
     port = slurm_task.default_port(snap["job"]["id"])
     assert [t["port"] for t in snap["tasks"]] == [port, port] and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
     a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
@@ -248,11 +257,11 @@ def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
 
     code, out = cli.up_while(spec, lambda: training(cli), kill_task_1, "both tasks training")
     assert code == 1, out
-    failure = latest_state(cli)["failure"]
-    assert failure.startswith("task 1 (node2:") and "SIGKILL" in failure, failure
+    failure = status_json(cli)["failure"]  # a failure is data, for a Slurm run as for the others
+    assert (failure["task"], failure["kind"], failure["signal"], failure["host"]) == (1, "killed", "SIGKILL", "node2")
+    assert failure["message"].startswith("task 1 (node2:") and "SIGKILL" in failure["message"], failure
     assert "task 1" in out and not launcher_traceback(out)
-    job = latest_state(cli)
-    job_id = task_info(job["tasks"][0])["job_id"]
+    job_id = latest_state(cli)["job"]["id"]
     wait_for(lambda: job_id not in sc.command("squeue", "-h", "-o", "%i").stdout.split(), 10, "the job off squeue")
     assert job_state(sc, job_id, "FAILED", "CANCELLED")
     assert not wait_gone(cli.home, 5)
@@ -285,7 +294,7 @@ def test_down_of_a_run_whose_launcher_was_killed(sc, cli, tmp_path):
     assert cli("up", "--detach", spec, timeout=300).returncode == 0
     st = latest_state(cli)
     psutil.Process(st["agent_pid"]).kill()
-    job_id = task_info(st["tasks"][0])["job_id"]
+    job_id = st["job"]["id"]
     assert job_state(sc, job_id) == "RUNNING"  # the job does not depend on the launcher
     d = cli("down", timeout=120)
     assert d.returncode == 0, d.stdout + d.stderr
@@ -300,7 +309,7 @@ def test_a_job_whose_launcher_is_killed_ends_itself(sc, cli, tmp_path):
     code, _out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
                               lambda up, _st: up.kill(), "tasks running")
     assert code == -signal.SIGKILL
-    job_id = task_info(latest_state(cli)["tasks"][0])["job_id"]
+    job_id = latest_state(cli)["job"]["id"]
     assert wait_for(lambda: (sc.job(job_id) or {}).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"), 60,
                     "the job to end itself")
     assert not wait_gone(cli.home, 15)
@@ -314,7 +323,7 @@ def test_ctrl_c_on_up_cancels_the_job_and_exits_130(sc, cli, tmp_path):
     assert code == 130, out
     assert "interrupted" in out.lower() and not launcher_traceback(out)
     st = latest_state(cli)
-    job_id = task_info(st["tasks"][0])["job_id"]
+    job_id = st["job"]["id"]
     assert job_state(sc, job_id, "CANCELLED")
     assert not wait_gone(cli.home, 10)
     assert status_json(cli)["state"] == "stopped"
@@ -346,7 +355,9 @@ def test_a_queued_job_shows_pending_with_its_reason(sc, cli, tmp_path):
         sc.command("scancel", blocker, check=False)
 
 
-def test_max_restarts_resumes_at_epoch_3_inside_the_same_job(sc, cli, tmp_path):
+def test_max_restarts_resumes_at_epoch_3_in_a_job_the_agent_submits(sc, cli, tmp_path):
+    """The agent decides the restart, as for every engine (no policy in the batch script): it submits
+    the next attempt's job, which resumes from the checkpoint."""
     spec = write_spec(tmp_path, digits("--epochs", "5", "--steps-per-epoch", "60", "--batch-size-per-replica", "8"),
                       launch="max_restarts = 1")
     code, out = cli.up_while(spec, lambda: training(cli, epoch=3),
@@ -360,9 +371,10 @@ def test_max_restarts_resumes_at_epoch_3_inside_the_same_job(sc, cli, tmp_path):
     for t in snap["tasks"]:
         p = progress(t)
         assert p["first_epoch"] == 3 and p["epoch"] == 5, p
-        info = task_info(t)
-        assert info["attempt"] == 1 and info["job_id"] == snap["job"]["id"]  # the same job, its second step
-    assert len([n for n in our_jobs(sc) if n == f"mgpu-{snap['run_id']}"]) == 1
+        assert task_info(t)["attempt"] == 1
+    first, second = snap["job"]["ids"]  # one job an attempt, the last one the run's job now
+    assert second == snap["job"]["id"] and job_state(sc, first, "FAILED", "CANCELLED")
+    assert len([n for n in our_jobs(sc) if n == f"mgpu-{snap['run_id']}"]) == 2
 
 
 def test_up_inside_an_allocation_runs_srun_directly(sc, cli, tmp_path):
@@ -374,10 +386,9 @@ def test_up_inside_an_allocation_runs_srun_directly(sc, cli, tmp_path):
     assert r.returncode == 0, out
     assert "inside allocation" in out and "submitted" not in out
     st = latest_state(cli)
-    infos = [task_info(t) for t in st["tasks"]]
-    alloc = infos[0]["job_id"]
+    alloc = st["job"]["id"]
+    assert st["job"]["mode"] == "allocation" and alloc
     assert f"mgpu-{st['run_id']}" not in our_jobs(sc)  # no job of its own: the step ran in salloc's job
-    assert all(i["job_id"] == alloc for i in infos)
     port = slurm_task.default_port(alloc)
     for i, t in enumerate(st["tasks"]):
         cfg = json.loads((Path(t["run_dir"]) / "tf_config").read_text())
@@ -413,7 +424,7 @@ def test_down_inside_a_users_batch_job_cancels_only_the_runs_step(sc, cli, tmp_p
                      env=cli.env).stdout.strip()
     st = wait_for(lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)), 120,
                   "the run running in the user's job")
-    assert {task_info(t)["job_id"] for t in st["tasks"]} == {job}
+    assert st["job"]["id"] == job and st["job"]["mode"] == "allocation"
     d = cli("down", timeout=120)
     assert d.returncode == 0, d.stdout + d.stderr
     assert status_json(cli)["state"] == "stopped"

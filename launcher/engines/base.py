@@ -69,27 +69,44 @@ class Sink(Protocol):
     def garbage(self, index: int, text: str) -> None: ...
 
 
+class Pump:
+    """A task's records, one line at a time, to a Sink: decoded with protocol.decode (a line that is not
+    a record is passed on as garbage, never fatal). `end()` reports the task Lost, for the reason
+    lost() gives, when no exit report came: every task ends in Exit or Lost, whatever ended its lines."""
+
+    def __init__(self, index: int, sink: Sink, lost: Callable[[], str]):
+        self.index, self.sink, self.lost = index, sink, lost
+        self.exited = False
+
+    def feed(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            event = protocol.decode(line)
+        except protocol.BadRecord:
+            self.sink.garbage(self.index, line[:2000].decode("utf-8", "replace").rstrip())
+            return
+        if isinstance(event, protocol.Output):
+            self.sink.output(self.index, event.lines, event.dropped)
+        else:
+            self.exited |= isinstance(event, protocol.Exit)
+            self.sink.event(self.index, event)
+
+    def end(self) -> None:
+        if not self.exited:
+            self.exited = True
+            self.sink.event(self.index, protocol.Lost(self.lost()))
+
+
 def pump(index: int, lines: Iterable[bytes], sink: Sink, lost: Callable[[], str]) -> None:
-    """Feed a supervisor's records to `sink` until its lines end. When no exit report came, however the
-    lines ended (also by an error reading them), the task is reported Lost, for the reason lost() gives."""
-    exited = False
+    """Feed a task's record stream to `sink` until its lines end (or reading them fails); then Lost if
+    no exit report came."""
+    p = Pump(index, sink, lost)
     try:
         for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = protocol.decode(line)
-            except protocol.BadRecord:
-                sink.garbage(index, line[:2000].decode("utf-8", "replace").rstrip())
-                continue
-            if isinstance(event, protocol.Output):
-                sink.output(index, event.lines, event.dropped)
-            else:
-                exited |= isinstance(event, protocol.Exit)
-                sink.event(index, event)
+            p.feed(line)
     finally:
-        if not exited:
-            sink.event(index, protocol.Lost(lost()))
+        p.end()
 
 
 class SchedulerCause(str, enum.Enum):
@@ -136,6 +153,7 @@ class Engine(ABC):
         self.spec, self.run_id = spec, run_id
         self.plans = self.plan_tasks(only)
         self.plan = {p.index: p for p in self.plans}  # by task index (not always 0..n-1: elastic runs)
+        self.on_job: Callable[[dict], None] = lambda _job: None  # told when a scheduler's job is known
 
     @abstractmethod
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
@@ -182,6 +200,10 @@ class Engine(ABC):
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took
         it back, and why; None where no scheduler decides (our supervisors) or it did not."""
+        return None
+
+    def job_record(self) -> dict | None:
+        """The scheduler's job of the run (kept in the run record for status, logs and down), if any."""
         return None
 
     def attach(self, where: dict[int, tuple[str, int]], job: dict | None) -> None:

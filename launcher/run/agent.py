@@ -40,7 +40,7 @@ class _AttemptSink:
 
     def output(self, index: int, lines: list[str], dropped: int) -> None:
         self.agent.tails[index].extend(lines)
-        self.agent.out.task_lines(self.agent.plan_of[index], lines, dropped)
+        self.agent.out.task_lines(index, self.agent.run.tasks[index].host, lines, dropped)
 
     def garbage(self, index: int, text: str) -> None:
         self.agent.out.logline(f"task {index}: a line from its supervisor that is not a record (ignored): {text}")
@@ -59,6 +59,12 @@ class Agent(Watch):
         self.events: queue.Queue = queue.Queue()
         self.heard: dict[int, float] = {}  # when each task of this attempt last sent any record
         owner.warn = out.say
+        engine.on_job = self.job_known
+
+    def job_known(self, job: dict) -> None:
+        """A scheduler's job for the run (its id while it waits in the queue): recorded at once."""
+        self.run.job = job
+        self.owner.save()
 
     # -- the policy: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
     def execute(self) -> None:
@@ -135,6 +141,7 @@ class Agent(Watch):
             self.run.attempts[-1].outcome = Outcome.SHRUNK
         self.engine.close()
         self.engine = engine_for(self.spec, self.run.run_id, only=left)
+        self.engine.on_job = self.job_known
         self.plans = self.engine.plans
         self.plan_of = {p.index: p for p in self.plans}
         return True
@@ -153,7 +160,6 @@ class Agent(Watch):
         self.owner.save()
         self.live = {p.index for p in self.plans}
         not_started = self.engine.start(number, _AttemptSink(self, number))
-        run.job = getattr(self.engine, "job_record", lambda: run.job)()
         spawn_at = time.time()  # a scheduler's start() returns once its job left the queue
         failure = None
         for i, why in sorted(not_started.items()):  # every host's outcome: one must not hide another

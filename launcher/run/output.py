@@ -97,13 +97,14 @@ class Output:
         """A table or other rich renderable, in order with everything else."""
         self._put(renderable)
 
-    def task_lines(self, plan, lines: list[str], dropped: int = 0) -> None:
+    def task_lines(self, index: int, host: str, lines: list[str], dropped: int = 0) -> None:
+        """A task's lines, each after its prefix 'task<index> <host> | ' (coloured by task)."""
         if self.quiet:
             return
         if not self.verbose:
             lines = [line for line in lines if not is_noise(line)]
         if not self.threaded:
-            prefix = Text(f"task{plan.index} {plan.host.label} | ", style=COLOURS[plan.index % len(COLOURS)])
+            prefix = Text(f"task{index} {host} | ", style=COLOURS[index % len(COLOURS)])
             for line in lines:
                 self._print(prefix + Text(line))
             return
@@ -112,9 +113,9 @@ class Output:
             shown = lines[:room]
             lost = dropped + len(lines) - len(shown)
             if lost:
-                self.dropped[plan.index] = self.dropped.get(plan.index, 0) + lost
+                self.dropped[index] = self.dropped.get(index, 0) + lost
             if shown:
-                self.items.append((plan, shown))
+                self.items.append(((index, host), shown))
                 self.pending_lines += len(shown)
                 self.lock.notify()
 
@@ -158,8 +159,8 @@ class Output:
             if item is None:
                 return
             if isinstance(item, tuple):
-                plan, lines = item
-                prefix = Text(f"task{plan.index} {plan.host.label} | ", style=COLOURS[plan.index % len(COLOURS)])
+                (index, host), lines = item
+                prefix = Text(f"task{index} {host} | ", style=COLOURS[index % len(COLOURS)])
                 for line in lines:
                     self._print(prefix + Text(line))
             elif item is not False:

@@ -18,7 +18,11 @@ def checks_table(checks) -> Table:
         table.add_column(col, overflow="fold")
     for c in checks:
         result = "[green]ok[/]" if c.ok else "[red]" + escape("\n".join(c.problems)) + "[/]"
-        table.add_row(str(c.plan.index), c.plan.host.label, str(c.plan.host.port), c.plan.python, result)
+        if c.title:  # a row about the whole job (a scheduler's), not one task
+            table.add_row("all", escape(c.title), "", escape(c.plan.python), result)
+        else:
+            table.add_row(str(c.plan.index), escape(c.plan.host.label), str(c.plan.host.port), escape(c.plan.python),
+                          result)
     return table
 
 

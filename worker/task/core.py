@@ -288,11 +288,10 @@ class TaskCore:
     def stop(self, reason: str, notice: str = "") -> None:
         """Stop the task: TERM to its group, KILL after grace. A `notice` (the signal's name: a host or
         scheduler taking the machine) gets preempt_grace, and the task's end is a preemption."""
-        if notice and not self.notice:
-            self.notice = notice
-        if self.stopping.is_set():
+        if self.stopping.is_set():  # a notice after a stop (Slurm's TERM after our INT) is no preemption
             return
         self.stopping.set()
+        self.notice = notice
         grace = self.setup.preempt_grace if notice else self.setup.grace
         self.note(f"stopping task ({reason}; KILL after {grace:g} s)")
         if self.proc is not None:  # else run() stops it right after starting it

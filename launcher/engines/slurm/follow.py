@@ -1,0 +1,114 @@
+"""Following a Slurm attempt: each task's events file (the task core's records) tailed into the same
+Pump as every engine's records, by one thread for all tasks; and reading them back for `status`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from launcher.engines.base import Pump, Sink
+from worker import protocol
+
+POLL_S = 0.2
+READ_MAX = 1 << 20  # bytes of one events file per round
+SETTLE_S = 1.5  # after the job (or step) ended, how long a task's last records may take to appear
+TAIL_BYTES = 1 << 18  # what `status` reads of an events file: its last records
+
+
+def events_path(root: Path, index: int, attempt: int) -> Path:
+    return root / f"task-{index}" / f"events-{attempt}.jsonl"
+
+
+class _Tail:
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(READ_MAX)
+        except OSError:
+            return []
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        return complete
+
+
+class Follower:
+    """Tails every task's events file of one attempt until each task exited, or the job (step) is over
+    and SETTLE_S passed: then a task with no exit report is Lost, for the reason `over()` gives."""
+
+    def __init__(self, root: Path, indices: list[int], attempt: int, sink: Sink, over: Callable[[], str | None],
+                 on_exit: Callable[[protocol.Exit], None]):
+        self.tails = {i: _Tail(events_path(root, i, attempt)) for i in indices}
+        self.pumps = {i: Pump(i, sink, lambda: over() or "its job ended with no exit report") for i in indices}
+        self.over, self.on_exit = over, on_exit
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        over_since = None
+        while not self.stopped.wait(POLL_S):
+            exits = []
+            for i, tail in self.tails.items():
+                if self.pumps[i].exited:
+                    continue
+                for line in tail.lines():
+                    try:
+                        ev = protocol.decode(line)
+                    except protocol.BadRecord:
+                        ev = None
+                    if isinstance(ev, protocol.Exit):
+                        exits.append((ev.time, i, line, ev))
+                    else:
+                        self.pumps[i].feed(line)
+            # exits seen in one round go in the order they happened: the task that failed first is named,
+            # not a peer that Slurm (--kill-on-bad-exit) ended a moment later
+            for _when, i, line, ev in sorted(exits, key=lambda e: e[:2]):
+                self.on_exit(ev)
+                self.pumps[i].feed(line)
+            if all(p.exited for p in self.pumps.values()):
+                return
+            why = self.over()
+            over_since = (over_since or time.monotonic()) if why else None
+            if over_since is not None and time.monotonic() - over_since > SETTLE_S:
+                for p in self.pumps.values():
+                    p.end()
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def last_records(path: Path) -> dict[str, protocol.Event]:
+    """The last record of each kind in an events file (read from its end), for `status`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return {}
+    found: dict[str, protocol.Event] = {}
+    for line in data.split(b"\n"):
+        try:
+            ev = protocol.decode(line)
+        except protocol.BadRecord:
+            continue
+        found[ev.kind] = ev
+    return found
+
+
+def latest_attempt(root: Path, index: int) -> int | None:
+    numbers = []
+    for p in (root / f"task-{index}").glob("events-*.jsonl"):
+        try:
+            numbers.append(int(p.stem.split("-", 1)[1]))
+        except ValueError:
+            continue
+    return max(numbers) if numbers else None

@@ -1,0 +1,92 @@
+"""Asking Slurm: its commands, its records, its time format, and what a job's state says about an
+attempt (`verdict_of`, pure: the scheduler's own end of it, or None)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+from launcher.engines.base import SchedulerCause, SchedulerEnd
+
+QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+RUNNING = {"CONFIGURING", "RUNNING", "SUSPENDED", "SIGNALING", "RESIZING", "STOPPED"}
+TIME_NOTICE = "SIGUSR1"  # what our --signal sends the tasks before the time limit
+
+
+def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> subprocess.CompletedProcess:
+    """A Slurm command; a missing command or a time-out reads as a failed command (code 127 / 124)."""
+    try:
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL, start_new_session=True)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not found on PATH")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"`{shlex.join(argv)}` did not answer within {timeout:g} s")
+
+
+def record_of(text: str) -> dict:
+    """The first record of `scontrol -o show ...` as {Key: Value}."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return dict(w.split("=", 1) for w in line.split() if "=" in w)
+
+
+def parse_time(text: str | None) -> float | None:
+    """Seconds of a Slurm time limit; None: no limit (or none given)."""
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    elif len(parts) == 3:
+        h, m, s = parts
+    elif len(parts) == 2:  # minutes:seconds
+        h, m, s = 0, parts[0], parts[1]
+    else:  # minutes
+        h, m, s = 0, parts[0], 0
+    return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
+
+
+def _gpus(gres: str) -> int:
+    """GPUs in a node's Gres (e.g. "gpu:a100:4(S:0-1),shard:8")."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def state_of(info: dict | None) -> str:
+    """A job's state word ("RUNNING", "COMPLETING" of "COMPLETING,..." flags dropped), "" when unknown."""
+    return ((info or {}).get("JobState") or "").split(",")[0]
+
+
+def ended(info: dict | None) -> bool:
+    state = state_of(info)
+    return bool(state) and state not in QUEUED and state not in RUNNING
+
+
+def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_id: str | None,
+               time_limit: str | None) -> SchedulerEnd | None:
+    """How Slurm ended (or took back) an attempt whose tasks ended, from its job record and the notices
+    the tasks were given; None when Slurm did not end it (the tasks did, or we stopped it)."""
+    state, reason = state_of(info), (info or {}).get("Reason") or "None"
+    said = f"(state {state}, reason {reason})" if reason != "None" else f"(state {state})"
+    if info and int((info.get("Restarts") or "0").strip() or 0) > restarts_before or state in QUEUED:
+        return SchedulerEnd(SchedulerCause.REQUEUED, f"Slurm requeued job {job_id} {said}: a node failed, or "
+                                                     "someone ran 'scontrol requeue'; it runs again by itself")
+    if state == "TIMEOUT" or TIME_NOTICE in notices:
+        return SchedulerEnd(SchedulerCause.TIME_LIMIT, f"Slurm job {job_id} reached its time limit ([slurm] time = "
+                                                       f"{time_limit!r}) {said}; the tasks had notice to save: "
+                                                       "raise [slurm].time and run again to resume from the checkpoint")
+    if state == "CANCELLED":
+        return SchedulerEnd(SchedulerCause.CANCELLED, f"Slurm job {job_id} was cancelled from outside (scancel, by "
+                                                      f"someone other than this launcher) {said}")
+    if state == "NODE_FAIL":
+        return SchedulerEnd(SchedulerCause.NODE_FAIL, f"a node of Slurm job {job_id} failed and the job was not "
+                                                      f"requeued {said}")
+    if state in ("PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"):
+        return SchedulerEnd(SchedulerCause.ENDED, f"Slurm ended job {job_id} {said}")
+    return None

@@ -1,0 +1,104 @@
+"""The job: sbatch options, the batch script (one srun step: one attempt; no policy in bash; the agent
+decides restarts), the step's command line, and the dry run that shows them."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from typing import Callable
+
+from launcher.engines.slurm.plan import Mode, common_env, job_name, mode_here, run_folder
+from launcher.plan import mask_env, worker_argv
+from launcher.spec import ClusterSpec
+
+SAFE = re.compile(r"^[\w./@%:=+,-]+$")
+
+
+def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
+    """Every sbatch option of the run: ours, then the spec's own (`sbatch`, passed as they are)."""
+    cfg, root = spec.slurm, run_folder(spec, run_id)
+    opts = [f"--job-name={job_name(run_id)}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
+    if cfg.partition:
+        opts.append(f"--partition={cfg.partition}")
+    if cfg.time:
+        opts.append(f"--time={cfg.time}")
+    if cfg.gpus_per_node:
+        opts.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    opts += [f"--chdir={os.path.expanduser(cfg.workdir)}", f"--output={root}/job.out", "--open-mode=append",
+             # the tasks get USR1 preempt_grace before the time limit (a notice: they save); a job
+             # that Slurm requeues (scontrol requeue, a node failure) comes back as the next attempt
+             f"--signal=USR1@{math.ceil(spec.launch.preempt_grace)}", "--requeue"]
+    return opts + list(cfg.sbatch)
+
+
+def srun_argv(spec: ClusterSpec, run_id: str, attempt: int) -> list[str]:
+    """The step: one task per node (each under the task core), the whole step ended by Slurm when one
+    task fails; each task stops itself when the launcher stops touching launcher.alive (its lifeline)."""
+    cfg, root, launch = spec.slurm, run_folder(spec, run_id), spec.launch
+    core = [cfg.python, "-m", "worker.task.slurm", "--run-dir", root, "--attempt", str(attempt),
+            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
+            "--lifeline", f"{launch.lifeline:g}"]
+    if cfg.port:
+        core += ["--port", str(cfg.port)]
+    return ["srun", "--kill-on-bad-exit=1", f"--nodes={cfg.nodes}", f"--ntasks={cfg.nodes}",
+            "--ntasks-per-node=1", f"--job-name={job_name(run_id)}", *core, "--", *worker_argv(spec, cfg.python)]
+
+
+def _directives(opts: list[str]) -> list[str]:
+    """`#SBATCH` lines of the options (an option and the value that follows it on one line), quoted as sbatch
+    reads them; one it cannot read there (a single quote inside) is left out: the command line has it."""
+    groups: list[list[str]] = []
+    for opt in opts:
+        if groups and not opt.startswith("-") and not groups[-1][-1].partition("=")[1]:
+            groups[-1].append(opt)
+        else:
+            groups.append([opt])
+    lines = []
+    for group in groups:
+        if any("'" in word for word in group):
+            continue
+        words = []
+        for word in group:
+            name, eq, value = word.partition("=")
+            if SAFE.match(word):
+                words.append(word)
+            elif eq and word.startswith("--"):
+                words.append(f"{name}={shlex.quote(value)}")
+            else:
+                words.append(shlex.quote(word))
+        lines.append("#SBATCH " + " ".join(words))
+    return lines
+
+
+def batch_script(spec: ClusterSpec, run_id: str, attempt: int) -> str:
+    """The job's script: one attempt, one srun step. Slurm's USR1 before the time limit (--signal) and
+    its TERM on a requeue or a cancel reach the tasks, which take them as a notice; the agent decides
+    what follows."""
+    opts = sbatch_options(spec, run_id)
+    return "\n".join([
+        "#!/bin/bash",
+        f"# mgpu-cluster run {run_id}, attempt {attempt}: {spec.slurm.nodes} task(s), one per node. Written by",
+        "# `mgpu-cluster up`, which submits it with every option below on sbatch's command line and decides",
+        "# restarts itself; `mgpu-cluster down` cancels it.",
+        *_directives(opts),
+        f"exec {shlex.join(srun_argv(spec, run_id, attempt))}",
+        "",
+    ])
+
+
+def print_dry_run(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) -> None:
+    root = run_folder(spec, run_id)
+    if mode_here() == Mode.ALLOCATION:
+        say(f"# inside allocation {os.environ['SLURM_JOB_ID']}: each attempt is a step run directly, in {root}")
+        say(shlex.join(srun_argv(spec, run_id, 0)))
+    else:
+        say(f"# submitted with: sbatch --parsable {shlex.join(sbatch_options(spec, run_id))} {root}/job.sh")
+        say(f"# {root}/job.sh (attempt 0; a restart submits the same with its own attempt number):")
+        say(batch_script(spec, run_id, 0))
+    say(f"# {root}/env.json (every task; each adds TF_CONFIG, MGPU_TASK_INDEX and MGPU_RUN_DIR when it starts):")
+    for k, v in mask_env(common_env(spec, run_id)).items():
+        say(f"#   {k}={v}")
+    say("# TF_CONFIG of task i: the step's nodes in Slurm's order (scontrol show hostnames), each at its NodeAddr, "
+        f"port {spec.slurm.port or 'from the job id (20000 + job id % 10000)'}; index = SLURM_PROCID")
