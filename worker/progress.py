@@ -64,7 +64,9 @@ class ProgressWriter:
 
     With `run_dir=None` nothing is written (a task started by hand); the fields are still kept.
     `update()` writes at most every `interval` seconds unless `force=True`. Only training
-    code calls it, so the file's `time` goes silent when training hangs.
+    code calls it, so the file's `time` goes silent when training hangs. A user's own loop may
+    report its step split too: `update(compute_ms=..., wait_ms=...)` (own work and the wait for peers
+    in the all-reduce, per step; `mgpu-cluster status` names a straggler from them).
     """
 
     def __init__(self, run_dir: str | None, task: int = 0, epochs: int = 0,
@@ -132,6 +134,7 @@ def _make_callback_class():
         global_batch_size: samples per step over all replicas, for samples/s.
         mark_done_on_train_end: write state "done" at the end of fit; the runner passes False
         and calls `mark_done()` itself once the model is saved.
+        clock: a worker.steptime.StepClock: each window's compute_ms and wait_ms per step go out too.
         """
 
         def __init__(self, run_dir: str | None = "", *, writer: ProgressWriter | None = None,
@@ -139,7 +142,7 @@ def _make_callback_class():
                      epochs: int | None = None, steps_per_epoch: int | None = None,
                      global_batch_size: int | None = None, interval: float | None = None,
                      mark_done_on_train_end: bool = True,
-                     log: Callable[[str], None] | None = _say):
+                     log: Callable[[str], None] | None = _say, clock=None):
             super().__init__()
             if writer is None:
                 if run_dir == "":
@@ -158,6 +161,7 @@ def _make_callback_class():
             self.global_batch_size = global_batch_size
             self.mark_done_on_train_end = mark_done_on_train_end
             self.log = log
+            self.clock = clock
             self._supports_tf_logs = True  # logs stay tensors; converted only when written
             self._first_epoch: int | None = None
             self._first_batch_seen = False
@@ -212,6 +216,8 @@ def _make_callback_class():
                                samples_per_sec=None)
 
         def on_train_batch_begin(self, batch, logs=None):
+            if self.clock is not None:
+                self.clock.begin()
             if self._first_batch_seen:
                 return
             # fit resumes a backup mid-epoch (BackupAndRestore with save_freq=N) by starting
@@ -226,6 +232,8 @@ def _make_callback_class():
                                    first_global_step=self._global_step())
 
         def on_train_batch_end(self, batch, logs=None):
+            if self.clock is not None:
+                self.clock.end()
             self._step = int(batch) + 1
             if self._rate_start is None:  # rate from the first finished step (no tracing time)
                 self._rate_start = (time.time(), self._step)
@@ -233,6 +241,9 @@ def _make_callback_class():
                 return
             loss, metrics = self._split(logs)
             metrics = {**self.writer.fields["metrics"], **metrics}
+            if self.clock is not None:
+                compute_ms, wait_ms = self.clock.window()
+                self.writer.fields.update(compute_ms=compute_ms, wait_ms=wait_ms)
             self.writer.update(step=self._step, global_step=self._global_step(), loss=loss,
                                metrics=metrics, samples_per_sec=self._samples_per_sec())
 
