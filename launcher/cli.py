@@ -111,6 +111,28 @@ def down(run: Optional[str] = RunArg):
     runs.down(run)
 
 
+@app.command()
+def stacks(
+    run: Optional[str] = RunArg,
+    task: Optional[int] = typer.Option(None, "--task", help="Only this task."),
+):
+    """Print the Python stacks of every live task (py-spy on its host); exit 1 naming tasks without."""
+    from launcher.diagnose import commands
+
+    commands.stacks(run, task=task)
+
+
+@app.command()
+def report(
+    run: Optional[str] = RunArg,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The PNG to write (default: report.png in the run's folder)."),
+):
+    """Draw one PNG of a run: samples/s and step time per task, attempts, phases (needs matplotlib)."""
+    from launcher.diagnose import commands
+
+    commands.report(run, out)
+
+
 def main() -> None:
     from launcher.run import interrupts
 

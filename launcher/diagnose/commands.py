@@ -1,0 +1,47 @@
+"""`mgpu-cluster stacks` and `mgpu-cluster report`: what the CLI hands to this package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.errors import RunFailed, RunNotFound
+from launcher.run import record
+from worker.protocol import TaskState
+
+
+def stacks(run_id: str | None, task: int | None = None) -> None:
+    """Print the stacks of every live task (or of `task`); RunFailed (exit 1) names those with none."""
+    from launcher.diagnose.stacks import take
+    from launcher.runs import _engine
+
+    run = record.load(run_id)
+    if task is not None and task not in {t.index for t in run.tasks}:
+        raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(run.tasks) - 1}")
+    chosen = [t for t in run.tasks if task is None or t.index == task]
+    live = [t for t in chosen if t.state == TaskState.RUNNING and not run.ended]
+    if not live:
+        which = f"task {task} of run {run.run_id} is" if task is not None else f"run {run.run_id} has no task"
+        raise RunFailed(f"{which} not running (run state: {run.state}); stacks are read from live processes. "
+                        f"'mgpu-cluster status {run.run_id}' shows the tasks.")
+    engine = _engine(run)
+    try:
+        found = take(engine, [(t.index, t.host, t.pid) for t in live])
+    finally:
+        engine.close()
+    for ts in found:
+        print(ts.text(), flush=True)
+    failed = [ts for ts in found if not ts.ok]
+    if failed:
+        raise RunFailed("no stacks from " + "; ".join(f"{ts.header}: {ts.why}" for ts in failed))
+
+
+def report(run_id: str | None, out: Path | None = None) -> Path:
+    """Draw the run's report PNG (default: report.png in the run's folder); prints and returns its path."""
+    from launcher.diagnose import report as draw
+
+    run = record.load(run_id)
+    folder = record.run_path(run.run_id)
+    path = Path(out) if out else folder / "report.png"
+    draw.write(draw.from_files(folder / "state.json", folder / "progress.jsonl"), path)
+    print(path, flush=True)
+    return path

@@ -1,0 +1,67 @@
+"""The Python stacks of every live task of a run, taken on each task's host (`python -m worker.stacks`
+through the engine's `call`), in parallel; each task's answer or why there is none."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from launcher.engines.base import Engine, parallel
+from worker.stacks import Stacks
+
+CALL_TIMEOUT_S = 40.0
+
+
+@dataclass(frozen=True)
+class TaskStacks:
+    index: int
+    host: str
+    pid: int | None
+    stacks: Stacks | None
+    error: str | None = None  # why there are no stacks
+
+    @property
+    def header(self) -> str:
+        return f"task {self.index} ({self.host}) pid {self.pid if self.pid is not None else '?'}"
+
+    def text(self) -> str:
+        body = self.stacks.text() if self.stacks is not None and self.stacks.ok else f"no stacks: {self.why}"
+        return f"{self.header}\n{body}"
+
+    @property
+    def why(self) -> str:
+        return self.error or (self.stacks.error if self.stacks is not None else None) or "no answer"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.stacks is not None and self.stacks.ok
+
+
+def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None) -> TaskStacks:
+    if pid is None:
+        return TaskStacks(index, host, pid, None, "its training process is not known (not started?)")
+    plan = engine.plan[index]
+    argv = [plan.python, "-m", "worker.stacks", "--pid", str(pid), "--json"]
+    if out:
+        argv += ["--out", f"{plan.run_dir}/{out}"]
+    try:
+        code, stdout, stderr = engine.call(index, argv, CALL_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 (an unreachable host is an answer too)
+        return TaskStacks(index, host, pid, None, f"its host did not answer: {exc}")
+    try:
+        stacks = Stacks.from_json(json.loads(stdout.strip().splitlines()[-1]))
+    except (ValueError, KeyError, TypeError, IndexError):
+        err = (stderr.strip().splitlines() or [f"exit code {code}"])[-1]
+        return TaskStacks(index, host, pid, None, f"python -m worker.stacks failed on its host: {err}")
+    return TaskStacks(index, host, pid, stacks)
+
+
+def take(engine: Engine, tasks: list[tuple[int, str, int | None]], out: str | None = None) -> list[TaskStacks]:
+    """Stacks of (index, host, pid) tasks, in order; `out`: also appended to that file in each task's folder."""
+    return [r.value if r.ok else TaskStacks(t[0], t[1], t[2], None, str(r.error))
+            for t, r in zip(tasks, parallel(lambda t: _one(engine, *t, out), tasks))]
+
+
+def file_name() -> str:
+    return time.strftime("stacks-%Y%m%d-%H%M%S.txt")

@@ -1,0 +1,45 @@
+"""A straggler: the task whose own work per step (compute_ms: input, forward, backward) is at least
+RATIO times the median of the others'; in synchronous training every other task waits for it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+RATIO = 1.25
+
+
+@dataclass(frozen=True)
+class Straggler:
+    task: int
+    ratio: float  # its compute_ms over the median of the others'
+
+    def to_json(self) -> dict:
+        return {"task": self.task, "ratio": round(self.ratio, 2)}
+
+    def words(self) -> str:
+        return (f"task {self.task} is a straggler: its own work per step takes {self.ratio:.2f}x the median of the "
+                "others', and every other task waits for it at each all-reduce. Check that host for other processes "
+                "on its cores or GPU (top, nvidia-smi), a throttled GPU (clocks, temperature), a slower input "
+                "pipeline or disk, and its cpus/gpus in the spec.")
+
+
+def _ms(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def find(compute_ms: dict[int, float | None], ratio: float = RATIO) -> Straggler | None:
+    """The straggler among tasks' latest compute_ms ({task: ms}; None or missing values are left out),
+    or None: fewer than two tasks with figures, or none at `ratio` x the median of the others."""
+    known = {i: ms for i, v in compute_ms.items() if (ms := _ms(v)) is not None}
+    if len(known) < 2:
+        return None
+    slowest = max(known, key=lambda i: known[i])
+    others = statistics.median(v for i, v in known.items() if i != slowest)
+    found = known[slowest] / others
+    return Straggler(slowest, found) if found >= ratio else None
+
+
+def of_progress(progress: dict[int, dict | None]) -> Straggler | None:
+    """find() over the tasks' progress records (progress.json: compute_ms)."""
+    return find({i: (p or {}).get("compute_ms") for i, p in progress.items()})
