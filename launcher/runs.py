@@ -100,6 +100,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "restarts": t.restarts, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
             "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
+            "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "heartbeat_age": round(now - progress["time"], 1) if progress.get("time") else None,
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
             "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
@@ -114,9 +115,27 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
                           "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
                           "started_at": a.started_at, "ended_at": a.ended_at} for a in run.attempts],
-            "tasks": tasks,
+            "tasks": tasks, "straggler": straggler_json(tasks),
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
             "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}
+
+
+def straggler_json(tasks: list[dict]) -> dict | None:
+    from launcher.diagnose.straggler import find
+
+    found = find({t["index"]: t["compute_ms"] for t in tasks})
+    return found.to_json() if found else None
+
+
+def _split_lines(snap: dict) -> list[str]:
+    """The step split per task, and the straggler, for the plain and rich views."""
+    parts = [f"task {t['index']} {t['compute_ms']:.1f} / {t['wait_ms']:.1f}" for t in snap["tasks"]
+             if isinstance(t.get("compute_ms"), (int, float)) and isinstance(t.get("wait_ms"), (int, float))]
+    lines = [f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else []
+    if snap.get("straggler"):
+        lines.append(f"straggler: task {snap['straggler']['task']} ({snap['straggler']['ratio']:.2f}x the median "
+                     "of the others' own work per step)")
+    return lines
 
 
 def _job_line(snap: dict) -> str | None:
@@ -132,6 +151,7 @@ def _render(snap: dict, width: int):
     from rich.text import Text
 
     lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
+    lines += [Text(line) for line in _split_lines(snap)]
     if snap["failure"]:
         lines.append(Text(snap["failure"]["message"]))
     if _job_line(snap):
@@ -140,7 +160,7 @@ def _render(snap: dict, width: int):
 
 
 def _plain(snap: dict) -> str:
-    lines = [status_plain(snap), *filter(None, [_job_line(snap)])]
+    lines = [status_plain(snap), *filter(None, [_job_line(snap)]), *_split_lines(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))
 

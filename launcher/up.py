@@ -73,6 +73,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
             raise Interrupted(f"interrupted by {interrupts.pending()} while the run ended")
         out.show(summary(run, out.console.width))
         out.say(phases(run))
+        say_straggler(out, run)
         out.say(f"run {run_id} succeeded in {time.time() - t0:.1f} s")
     except (PreflightError, KeyboardInterrupt) as exc:  # before any task started
         with interrupts.shield():
@@ -89,6 +90,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     except (RunFailed, Interrupted):
         out.show(summary(run, out.console.width))
         out.say(phases(run))
+        say_straggler(out, run)
         raise
     finally:
         with interrupts.shield():
@@ -98,6 +100,14 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
             owner.release()
             if not out.close(timeout=5.0):
                 out.logline("the terminal did not take the last lines within 5 s; they are in this log")
+
+
+def say_straggler(out, run) -> None:
+    from launcher.diagnose.straggler import summary_line
+
+    line = summary_line(run.tasks)
+    if line:
+        out.say(line)
 
 
 def phases(run) -> str:

@@ -65,3 +65,21 @@ def take(engine: Engine, tasks: list[tuple[int, str, int | None]], out: str | No
 
 def file_name() -> str:
     return time.strftime("stacks-%Y%m%d-%H%M%S.txt")
+
+
+HANG_TIMEOUT_S = 20.0
+
+
+def at_hang(engine: Engine, tasks: list[tuple[int, str, int | None]], hung: int, out) -> list[str]:
+    """Before anything is stopped: every task's stacks into launcher.log (out.logline) and into a file in
+    each task's folder; says where they went; returns the hung task's innermost frames (innermost last)."""
+    name = file_name()
+    found = take(engine, tasks, out=name)
+    for ts in found:
+        out.logline(f"stacks at the hang: {ts.text()}")
+    answered = [ts.index for ts in found if ts.ok]
+    out.say(f"stacks of task(s) {', '.join(map(str, answered)) or 'none'} taken before stopping anything: in "
+            f"launcher.log and in {name} in each task's folder"
+            + "".join(f"; task {ts.index}: {ts.why}" for ts in found if not ts.ok))
+    mine = next((ts for ts in found if ts.index == hung and ts.ok), None)
+    return mine.stacks.innermost(5) if mine else []

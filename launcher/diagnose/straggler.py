@@ -43,3 +43,9 @@ def find(compute_ms: dict[int, float | None], ratio: float = RATIO) -> Straggler
 def of_progress(progress: dict[int, dict | None]) -> Straggler | None:
     """find() over the tasks' progress records (progress.json: compute_ms)."""
     return find({i: (p or {}).get("compute_ms") for i, p in progress.items()})
+
+
+def summary_line(tasks) -> str | None:
+    """One line for the end of `up` from the run record's tasks (their last progress), or None."""
+    found = of_progress({t.index: t.progress for t in tasks})
+    return found.words() if found else None

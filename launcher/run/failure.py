@@ -3,6 +3,7 @@ one paragraph, given as an object in `status --json` (and kept per attempt in th
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import signal
 from dataclasses import asdict, dataclass, field
@@ -90,3 +91,12 @@ def of_task(kind: FailureKind, what: str, index: int, label: str, host: str, log
                f"Read the whole log with 'mgpu-cluster logs {run_id} --task {index}'.")
     return Failure(kind=kind, message=message, task=index, host=host, exit_code=code, signal=signal_name(code),
                    log=log, tail=list(tail))
+
+
+def with_stacks(failure: Failure, frames: list[str]) -> Failure:
+    """A hang's failure with the innermost frames of the hung task's training process in its paragraph."""
+    if not frames:
+        return failure
+    shown = "\n".join(f"    {f}" for f in frames)
+    return dataclasses.replace(failure, message=f"{failure.message}\nWhere its training was (innermost frame last; "
+                                                f"every task's stacks are in launcher.log):\n{shown}")

@@ -7,7 +7,8 @@ import json
 import os
 import time
 
-from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task
+from launcher.diagnose.stacks import at_hang
+from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, with_stacks
 from launcher.run.record import run_path
 from worker import protocol
 from worker.protocol import ProgressState, RunState, TaskState
@@ -113,9 +114,11 @@ class Watch:
         culprit = min(running, key=lambda t: (t.proc_status not in STOPPED, step_of(t.progress), t.heartbeat))
         culprit.state = TaskState.FAILED
         stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in STOPPED else ""
-        return self.task_failure(culprit.index, FailureKind.HUNG,
-                                 f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
-                                 f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
+        failure = self.task_failure(culprit.index, FailureKind.HUNG,
+                                    f"sent no progress for {now - culprit.heartbeat:.0f} s{stopped} (heartbeat_timeout = "
+                                    f"{launch.heartbeat_timeout:g} s): hung, or its host is cut off")
+        return with_stacks(failure, at_hang(self.engine, [(t.index, t.host, t.pid) for t in running], culprit.index,
+                                            self.out))
 
     def check_silence(self, now: float) -> Failure | None:
         """Before its first step a task has no heartbeat, but its core still sends a record every
