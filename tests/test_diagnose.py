@@ -1,0 +1,151 @@
+"""Stacks, hangs, stragglers and the report: pure parts, then real TensorFlow runs on this machine."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import DIGITS, free_port, latest_state, wait_for, wait_gone
+from launcher.diagnose import report
+from launcher.diagnose.straggler import find
+from worker.stacks import dump, parse
+
+
+# --------------------------------------------------------------------------- pure
+
+def test_straggler_named_at_1_25x_the_median_of_the_others():
+    assert find({0: 10.0, 1: 10.5, 2: 9.8}) is None  # balanced
+    s = find({0: 10.0, 1: 13.0, 2: 10.2, 3: 9.9})
+    assert s.task == 1 and s.ratio == pytest.approx(13.0 / 10.0)
+    assert find({0: 10.0, 1: 12.4}) is None  # 1.24x: not yet
+    assert find({0: 4.0, 1: 5.0}).to_json() == {"task": 1, "ratio": 1.25}
+    assert find({0: 10.0, 1: None, 2: "x"}) is None  # one task with figures: no one to compare with
+    assert find({}) is None
+
+
+def test_py_spy_json_parsed_innermost_frame_last():
+    text = json.dumps([{"pid": 7, "thread_name": "MainThread", "os_thread_id": 7, "active": True, "frames": [
+        {"name": "inner", "short_filename": "a.py", "line": 3}, {"name": "outer", "short_filename": "b.py", "line": 9}]}])
+    st = parse(text, 7)
+    assert [f.function for f in st.threads[0].frames] == ["outer", "inner"]
+    assert st.innermost(1) == ["inner (a.py:3)"]
+    assert 'thread 7 "MainThread" (active):' in st.text()
+
+
+def test_stacks_of_a_live_and_of_a_stopped_process():
+    proc = subprocess.Popen([sys.executable, "-c", "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()"])
+    try:
+        wait_for(lambda: "waits_here" in str(dump(proc.pid).innermost(1)), 20, "a stack with waits_here")
+        os.kill(proc.pid, signal.SIGSTOP)
+        st = dump(proc.pid)
+        assert st.ok and st.innermost(1) == ["waits_here (<string>:3)"], st.text()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "no process" in dump(proc.pid).error
+
+
+def test_report_of_made_up_data_has_every_part(tmp_path):
+    t0 = 1000.0
+    run = {"run_id": "r", "state": "succeeded", "created_at": t0, "ended_at": t0 + 60, "restarts": 1, "preemptions": 1,
+           "phases": {"preflight_s": 1.0, "spawn_started": t0 + 1, "all_started": t0 + 2, "first_step": t0 + 6,
+                      "end": t0 + 58},
+           "attempts": [{"number": 0, "started_at": t0 + 1, "ended_at": t0 + 20, "outcome": "failed",
+                         "failure": {"kind": "lost", "task": 1}},
+                        {"number": 1, "started_at": t0 + 21, "ended_at": t0 + 40, "outcome": "preempted"},
+                        {"number": 2, "started_at": t0 + 41, "ended_at": t0 + 58, "outcome": "succeeded"}]}
+    history = [{"time": t0 + s, "task": t, "attempt": 0,
+                "progress": {"samples_per_sec": 900 + t, "compute_ms": 3.0 + t, "wait_ms": 6.0 - t}}
+               for s in range(6, 58) for t in (0, 1)]
+    assert [name for name, _, _ in report.phases(run)] == ["preflight", "start", "first step", "training", "teardown"]
+    assert [label for _, label in report.events(run)] == [
+        "task 1 lost", "restart -> attempt 1", "preemption -> attempt 2"]
+    fig = report.figure(run, history)
+    rate, split, timeline = fig.axes
+    assert len(rate.lines) == 2 + 3 and len(split.lines) == 4 + 3  # per task, and the 3 event lines
+    path = report.write((run, history), tmp_path / "r.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- real runs
+
+def spec_pinned(tmp_path: Path, epochs: int, launch: str = "") -> Path:
+    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\ncpus = [{i}]\n' for i in range(2))
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'[defaults]\ngpus = "none"\nenv = {{ TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.5" }}\n'
+                    f"{hosts}[training]\n{DIGITS}\nepochs = {epochs}\n[launch]\n{launch}\n")
+    return path
+
+
+def training(cli):
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all((t.get("progress") or {}).get("global_step", 0) > 5 for t in st["tasks"]):
+        return st
+    return None
+
+
+def test_stacks_of_a_live_run_then_sigstop_is_hung_with_every_stack(cli, tmp_path):
+    """`stacks` shows both tasks in fit; then task 1 frozen: the run fails, task 1 hung, stacks logged first."""
+    spec = spec_pinned(tmp_path, 300, launch="heartbeat_timeout = 5")
+    seen = {}
+
+    def act(_up, st):
+        seen["stacks"] = cli("stacks", timeout=120)
+        os.kill(st["tasks"][1]["pid"], signal.SIGSTOP)
+
+    code, out = cli.up_while(spec, lambda: training(cli), act, "both tasks training")
+    r = seen["stacks"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    for i, t in enumerate(latest_state(cli)["tasks"]):
+        section = r.stdout.split(f"task {i} (")[1].split("\ntask ")[0]
+        assert section.startswith(f"{t['host']}) pid {t['pid']}\n"), r.stdout
+        assert "fit (" in section, section  # a frame in Keras' fit
+    assert code == 1, out
+    run = latest_state(cli)
+    failure = run["failure"]
+    assert failure["task"] == 1 and failure["kind"] == "hung", failure
+    assert "innermost frame last" in failure["message"], failure["message"]
+    log = (cli.home / "runs" / run["run_id"] / "launcher.log").read_text()
+    assert "stacks at the hang: task 0 (" in log and "stacks at the hang: task 1 (" in log, log
+    assert log.count("fit (") >= 2, log
+    for t in run["tasks"]:
+        assert list(Path(t["run_dir"]).glob("stacks-*.txt")), t["run_dir"]
+    assert not wait_gone(cli.home, 10)
+    r = cli("stacks", timeout=60)  # the run has ended: nothing live to read
+    assert r.returncode == 1 and "not running" in r.stderr and "Traceback" not in r.stderr
+
+
+def busy_on_core_1(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("busy", [2, 0])
+def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cli, tmp_path, busy):
+    spec = spec_pinned(tmp_path, 12)
+    loops = busy_on_core_1(busy)
+    try:
+        r = cli("up", spec, timeout=300)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert r.returncode == 0, r.stdout + r.stderr
+    snap = json.loads(cli("status", "--json", timeout=60).stdout)
+    split = [(t["compute_ms"], t["wait_ms"]) for t in snap["tasks"]]
+    print("busy loops", busy, "compute/wait ms", split, "straggler", snap["straggler"])
+    assert all(c and c > 0 and w is not None for c, w in split), split
+    if busy:
+        assert snap["straggler"] and snap["straggler"]["task"] == 1, (split, snap["straggler"])
+        assert "task 1 is a straggler" in r.stdout, r.stdout
+        png = tmp_path / "report.png"
+        rep = cli("report", "-o", png, timeout=120)
+        assert rep.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG", rep.stderr
+        history = (cli.home / "runs" / snap["run_id"] / "progress.jsonl").read_text().splitlines()
+        assert any("compute_ms" in line for line in history)
+    else:
+        assert snap["straggler"] is None, split
+        assert "straggler" not in r.stdout
