@@ -141,8 +141,8 @@ class SlurmEngine(Engine):
             if self.srun is not None and self.srun.poll() is not None:
                 return f"its srun step ended (exit code {self.srun.returncode}) with no exit report from this task"
             return None
-        info = self.job
-        if not info or jobs.state_of(info) in jobs.RUNNING:
+        info = self.job  # COMPLETING: Slurm is still ending its processes, whose last records may come
+        if not info or jobs.state_of(info) in jobs.RUNNING or jobs.state_of(info) == "COMPLETING":
             return None
         return (f"Slurm job {self.job_id} ended or left its nodes ({jobs.state_of(info)}, reason "
                 f"{info.get('Reason')}) with no exit report from this task")

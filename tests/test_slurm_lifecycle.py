@@ -1,0 +1,127 @@
+"""The Slurm lifecycle told truthfully, on the real Slurm cluster of deploy/: a requeue and a node set
+DOWN are preemptions that resume from the checkpoint in the same job; a time limit and an outside
+`scancel` end the run with failure kind `scheduler`, saved tasks recorded preempted, and no
+"restarting" line. After each, nothing of the run is left in the queue or on a node."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import launcher_traceback, latest_state, wait_for, wait_gone
+
+PY = sys.executable
+
+
+@pytest.fixture
+def sc(make_slurm_cluster, cli):
+    """A private cluster for each test: it sets nodes down and leaves finished jobs that others would see."""
+    cluster = make_slurm_cluster(2)
+    cli.env.update(cluster.env)
+    yield cluster
+    cluster.command("scancel", "--user=root", check=False)
+
+
+def write_spec(tmp_path: Path, epochs: int, slurm: str = "", launch: str = "") -> Path:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    command = [PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", str(epochs),
+               "--steps-per-epoch", "40", "--batch-size-per-replica", "8", "--checkpoint-dir", str(shared / "ckpt")]
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'[slurm]\nnodes = 2\nworkdir = "{shared}"\npartition = "debug"\npython = "{PY}"\n'
+                    f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}\n{slurm}\n[training]\ncommand = {json.dumps(command)}\n'
+                    f"[launch]\npreempt_grace = 15\n{launch}\n")
+    return path
+
+
+def training_at(cli, epoch: int):
+    """The run's record once both tasks train at `epoch` or later (their progress.json says so)."""
+    st = latest_state(cli)
+    if not st or st["state"] != "running" or not st.get("job"):
+        return None
+    for t in st["tasks"]:
+        try:
+            if json.loads((Path(t["run_dir"]) / "progress.json").read_text()).get("epoch", 0) < epoch:
+                return None
+        except (OSError, ValueError):
+            return None
+    return st
+
+
+def status_json(cli) -> dict:
+    r = cli("status", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def nothing_left(sc, cli, run_id: str) -> None:
+    assert wait_for(lambda: f"mgpu-{run_id}" not in sc.command("squeue", "-h", "-o", "%j").stdout.split(), 30,
+                    "no job of the run in the queue")
+    assert not wait_gone(cli.home, 15), "a process of the run is left on a node"
+
+
+def requeued_at_once(sc, job_id: str) -> None:
+    """Slurm makes a requeued job eligible 2 minutes later; an administrator's StartTime=now here
+    keeps the test short (the launcher waits for the job however long it takes)."""
+    wait_for(lambda: (sc.job(job_id) or {}).get("JobState") == "PENDING", 60, "the job back in the queue")
+    sc.command("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+
+
+@pytest.mark.parametrize("how", ["scontrol requeue", "node set DOWN"])
+def test_a_requeue_is_a_preemption_and_the_group_resumes_in_the_same_job(sc, cli, tmp_path, how):
+    spec = write_spec(tmp_path, epochs=4)
+
+    def take_back(_up, st):
+        job_id = st["job"]["id"]
+        if how == "scontrol requeue":
+            sc.command("scontrol", "requeue", job_id)
+        else:
+            sc.command("scontrol", "update", "nodename=node2", "state=down", "reason=test")
+        requeued_at_once(sc, job_id)
+        if how == "node set DOWN":
+            sc.command("scontrol", "update", "nodename=node2", "state=resume", check=False)
+
+    code, out = cli.up_while(spec, lambda: training_at(cli, 2), take_back, "epoch 2 on both tasks",
+                             ready_timeout=300, timeout=400)
+    assert code == 0 and not launcher_traceback(out), out
+    assert "was preempted" in out and "restarting the whole group after preemption 1" in out, out
+    assert "attempt 0 failed" not in out and "error:" not in out and "lost" not in out, out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["failure"] is None, snap
+    assert (snap["preemptions"], snap["restarts"], snap["attempt"]) == (1, 0, 1), snap
+    assert snap["attempts"][0]["outcome"] == "preempted" and "requeued" in snap["attempts"][0]["reason"], snap
+    assert snap["job"]["ids"] == [snap["job"]["id"]], snap  # the same job ran again: nothing resubmitted
+    for t in snap["tasks"]:
+        p = json.loads((Path(t["run_dir"]) / "progress.json").read_text())
+        assert p["first_epoch"] >= 2 and p["epoch"] == 4, p  # resumed from the checkpoint, not from scratch
+    nothing_left(sc, cli, snap["run_id"])
+
+
+def test_a_time_limit_is_told_as_a_time_limit(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, epochs=1000, slurm='time = "1"', launch="max_restarts = 2")
+    r = cli("up", spec, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and not launcher_traceback(out), out
+    assert "restarting" not in out, out  # no restart follows a scheduler's end, so none is announced
+    snap = status_json(cli)
+    failure = snap["failure"]
+    assert failure["kind"] == "scheduler" and "time limit" in failure["message"], failure
+    assert snap["restarts"] == 0 and [t["state"] for t in snap["tasks"]] == ["preempted", "preempted"], snap
+    nothing_left(sc, cli, snap["run_id"])
+
+
+def test_an_outside_scancel_is_told_as_cancelled_from_outside(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, epochs=1000, launch="max_restarts = 2")
+    code, out = cli.up_while(spec, lambda: training_at(cli, 1),
+                             lambda _up, st: sc.command("scancel", st["job"]["id"]), "both tasks training",
+                             ready_timeout=300, timeout=120)
+    assert code == 1 and not launcher_traceback(out), out
+    assert "restarting" not in out, out
+    snap = status_json(cli)
+    failure = snap["failure"]
+    assert failure["kind"] == "scheduler" and "cancelled from outside" in failure["message"], failure
+    assert snap["restarts"] == 0 and "lost" not in [t["state"] for t in snap["tasks"]], snap
+    nothing_left(sc, cli, snap["run_id"])
