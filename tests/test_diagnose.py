@@ -120,12 +120,12 @@ def test_stacks_of_a_live_run_then_sigstop_is_hung_with_every_stack(cli, tmp_pat
 
 
 def busy_on_core_1(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    return [subprocess.Popen(["nice", "-n", "-10", "taskset", "-c", "1", sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-@pytest.mark.parametrize("busy", [2, 0])
+@pytest.mark.parametrize("busy", [1, 0])
 def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cli, tmp_path, busy):
-    spec = spec_pinned(tmp_path, 12)
+    spec = spec_pinned(tmp_path, 6 if busy else 10)  # the busy run steps ~5x slower
     loops = busy_on_core_1(busy)
     try:
         r = cli("up", spec, timeout=300)

@@ -134,7 +134,8 @@ def _make_callback_class():
         global_batch_size: samples per step over all replicas, for samples/s.
         mark_done_on_train_end: write state "done" at the end of fit; the runner passes False
         and calls `mark_done()` itself once the model is saved.
-        clock: a worker.steptime.StepClock: each window's compute_ms and wait_ms per step go out too.
+        clock: a worker.steptime.StepClock (its callback() first in fit's list): each window's
+        compute_ms and wait_ms per step go out too.
         """
 
         def __init__(self, run_dir: str | None = "", *, writer: ProgressWriter | None = None,
@@ -216,8 +217,6 @@ def _make_callback_class():
                                samples_per_sec=None)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if self.clock is not None:
-                self.clock.begin()
             if self._first_batch_seen:
                 return
             # fit resumes a backup mid-epoch (BackupAndRestore with save_freq=N) by starting
@@ -232,8 +231,6 @@ def _make_callback_class():
                                    first_global_step=self._global_step())
 
         def on_train_batch_end(self, batch, logs=None):
-            if self.clock is not None:
-                self.clock.end()
             self._step = int(batch) + 1
             if self._rate_start is None:  # rate from the first finished step (no tracing time)
                 self._rate_start = (time.time(), self._step)
@@ -241,11 +238,14 @@ def _make_callback_class():
                 return
             loss, metrics = self._split(logs)
             metrics = {**self.writer.fields["metrics"], **metrics}
+            self._step_split()
+            self.writer.update(step=self._step, global_step=self._global_step(), loss=loss,
+                               metrics=metrics, samples_per_sec=self._samples_per_sec())
+
+        def _step_split(self) -> None:
             if self.clock is not None:
                 compute_ms, wait_ms = self.clock.window()
                 self.writer.fields.update(compute_ms=compute_ms, wait_ms=wait_ms)
-            self.writer.update(step=self._step, global_step=self._global_step(), loss=loss,
-                               metrics=metrics, samples_per_sec=self._samples_per_sec())
 
         def on_test_batch_end(self, batch, logs=None):
             self.writer.update()  # validation is progress too: keep the heartbeat going
@@ -256,6 +256,7 @@ def _make_callback_class():
             steps = self._steps()
             if steps:
                 self._step = steps
+            self._step_split()
             self.writer.update(force=True, epoch=epoch + 1, step=self._step,
                                global_step=self._global_step(), loss=loss, metrics=metrics,
                                samples_per_sec=rate)

@@ -90,3 +90,19 @@ class StepClock:
         ready = min(max(ready, began), ended)
         self.compute_ms, self.wait_ms = round(1000 * (ready - began), 3), round(1000 * (ended - ready), 3)
         return self.compute_ms, self.wait_ms
+
+    def callback(self):
+        """A Keras callback that times each train_function call: put it first in fit's list, so that
+        its batch end comes before any other callback's work (a checkpoint save is no part of a step)."""
+        from worker.strategy import import_keras
+
+        clock = self
+
+        class StepClockCallback(import_keras().callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                clock.begin()
+
+            def on_train_batch_end(self, batch, logs=None):
+                clock.end()
+
+        return StepClockCallback()
