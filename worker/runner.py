@@ -396,14 +396,19 @@ def run(config: RunConfig) -> dict:
                       metrics=list(task.metrics))
 
     from worker.progress import ProgressCallback
+    from worker.steptime import StepClock
 
+    clock = StepClock(tf)  # each step's own work apart from the wait for peers (stragglers)
+    clock.install(model.optimizer)
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
-                                global_batch_size=global_batch, mark_done_on_train_end=False)
+                                global_batch_size=global_batch, mark_done_on_train_end=False, clock=clock)
     _check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
     every = _resolve(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
     backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
                                            lambda: writer.update(force=True, state="preempting"))
-    callbacks = [backup]  # first: backs up a step before anyone reports it finished
+    # the clock first (its step ends before any other callback's work), then the backup (a step is
+    # backed up before anyone reports it finished)
+    callbacks = [clock.callback(), backup]
     if config.tensorboard:
         # tf_keras sends non-chief workers' logs to a temporary folder and removes it
         callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
