@@ -8,7 +8,7 @@ import os
 import time
 
 from launcher.diagnose.stacks import at_hang
-from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, with_stacks
+from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name, with_stacks
 from launcher.run.record import run_path
 from worker import protocol
 from worker.protocol import ProgressState, RunState, TaskState
@@ -83,8 +83,11 @@ class Watch:
             task.state = TaskState.PREEMPTED
             if self.preempted_at is None:
                 self.preempted_at = now
-                how = f"notice {ev.notice}, " if ev.notice else ""
-                self.out.say(f"{self.label(index)} was preempted ({how}{describe_exit(ev.code)}); waiting up to "
+                how = describe_exit(ev.code)
+                if ev.notice:  # a kill at the end of its grace is no mystery (out of memory) to hint at
+                    how = f"notice {ev.notice}, " + (f"stopped with {signal_name(ev.code)} at the end of preempt_grace"
+                                                     if ev.code < 0 else how)
+                self.out.say(f"{self.label(index)} was preempted ({how}); waiting up to "
                              f"preempt_grace = {self.spec.launch.preempt_grace:g} s for the others to save")
             self.owner.save()
             return None
