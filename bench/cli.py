@@ -11,7 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import check_scale, failure, help, overhead, ray, scaling, ssh_launch, status
+from bench import check_scale, failure, help, overhead, ray, scaling, ssh_launch, status, steptime
 from bench.common import BENCH, REPO, Bench, SkipBench
 from bench.results import Row, write_json, write_plot, write_table
 
@@ -19,7 +19,7 @@ HELP = """mgpu-cluster's benchmarks against their baselines: one command, a tabl
 
     python -m bench [--quick] [--only NAME,...] [--reps N] [--out DIR]     (or python bench/run.py)
 
-NAME: help, overhead, check-scale, scaling, failure, ssh-launch, status, ray (one module each in
+NAME: help, overhead, check-scale, scaling, failure, ssh-launch, status, steptime, ray (one module each in
 bench/). Each is measured against a baseline in the same run (interleaved), as the median of
 several repetitions with min and max, because the machine is shared and noisy. Writes
 DIR/results.md (the table), DIR/results.png (launch time and hosts' CPU against hosts; samples/s
@@ -30,7 +30,7 @@ root, `ip` and `sshd` (deploy/testhosts/); the Ray peer gets its own venv in ben
 """
 
 BENCHMARKS = {"help": help, "overhead": overhead, "check-scale": check_scale, "scaling": scaling,
-              "failure": failure, "ssh-launch": ssh_launch, "status": status, "ray": ray}
+              "failure": failure, "ssh-launch": ssh_launch, "status": status, "steptime": steptime, "ray": ray}
 
 
 def main(argv: list[str] | None = None) -> int:

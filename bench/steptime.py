@@ -1,0 +1,40 @@
+"""What the straggler timing costs: steps/s of one digits worker pinned to a core, with the step clock
+(compute_ms and wait_ms in progress.json) against the same run without it, in alternated pairs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from bench.common import PY, REPO, Bench, SkipBench
+from bench.results import Row
+from bench.timing import Stat, alternated, paired_ratio
+
+TITLE = "straggler timing, steps/s with / without"
+TARGET = "cost < 2% (ratio >= 0.98)"
+STEPS = 600
+
+
+def run(b: Bench) -> list[Row]:
+    if b.quick:
+        raise SkipBench("quick mode")
+    d = b.fresh("steptime")
+
+    def steps_per_s(clock: bool) -> float:
+        env = {**b.env(), "MGPU_RUN_DIR": str(d), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+               "MGPU_STEP_CLOCK": "1" if clock else "0"}
+        argv = ["taskset", "-c", "0", PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task",
+                "--epochs", "1", "--steps-per-epoch", str(STEPS), "--batch-size-per-replica", "32"]
+        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        found = re.search(r"fit took ([0-9.]+)s", r.stdout + r.stderr)
+        if r.returncode != 0 or not found:
+            raise RuntimeError(f"worker exit {r.returncode}: {(r.stdout + r.stderr)[-500:]}")
+        return STEPS / float(found.group(1))
+
+    ours, base = alternated(max(5, b.reps), lambda: steps_per_s(True), lambda: steps_per_s(False))
+    b.raw["steptime"] = {"with": ours, "without": base}
+    return [Row(f"{TITLE} (one digits worker on core 0, {STEPS} steps)", Stat(ours), Stat(base), "steps/s",
+                paired_ratio(ours, base), TARGET,
+                f"a tf.timestamp() in the train step where the gradients are ready, and a callback first in fit's "
+                f"list; {os.cpu_count()} cores, the worker pinned to core 0")]
