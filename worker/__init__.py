@@ -11,7 +11,7 @@ import importlib
 # launcher, which import only submodules, do not pay for the runner and strategy modules.
 _HOME = {
     "ProgressWriter": "progress", "read_progress": "progress", "ProgressCallback": "progress",
-    "DataContext": "runner", "RunConfig": "runner", "Task": "runner", "WorkerError": "runner",
+    "DataContext": "entrypoint", "RunConfig": "runner", "Task": "entrypoint", "WorkerError": "entrypoint",
     "run": "runner", "save_model": "runner",
     "ClusterInfo": "strategy", "cluster_from_env": "strategy", "dataset_options": "strategy",
     "import_keras": "strategy", "import_tensorflow": "strategy", "is_chief": "strategy",

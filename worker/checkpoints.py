@@ -1,0 +1,153 @@
+"""Checkpoints of the built-in runner: BackupAndRestore that resumes mid-epoch, and the notice
+(SIGTERM) that makes every worker save at one agreed step and stop (`Preempted`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Callable
+
+from worker.data import counts_over_workers
+from worker.entrypoint import WorkerError
+
+
+class Preempted(Exception):
+    """Every worker saved a checkpoint at the same step after a notice; exit EXIT_PREEMPTED."""
+
+
+notice = threading.Event()  # set by SIGTERM
+
+
+@contextlib.contextmanager
+def notice_held():
+    """Inside, SIGTERM waits (blocked); afterwards it is a notice (see `checkpoint_callbacks`).
+
+    TensorFlow's coordination agent installs a SIGTERM handler that drops the signal, in place
+    while the strategy waits for its peers. Blocked, a notice stays pending until our handler
+    has replaced TensorFlow's; TensorFlow's threads, started inside, inherit the mask and never
+    take the signal. Outside the main thread (which alone can set handlers) this does nothing.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, lambda signum, frame: notice.set())
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def check_backup_visible(tf, strategy, checkpoint_dir: str, num_workers: int) -> None:
+    """Every worker restores from the chief's backup in `checkpoint_dir` (tf_keras reads
+    `<dir>/chief`); a worker that cannot see it would start from epoch 1 while the others
+    resume. Refuse that (all workers together) instead of training diverged replicas."""
+    if num_workers <= 1:
+        return
+    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
+    seen = counts_over_workers(tf, strategy, int(has_backup), num_workers)
+    if 0 < sum(seen) < num_workers:
+        have = [i for i, flag in enumerate(seen) if flag]
+        missing = [i for i, flag in enumerate(seen) if not flag]
+        raise WorkerError(f"task(s) {have} found a backup to resume from, task(s) {missing} did "
+                          f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
+                          "storage that every host shares, or delete the backup to start over")
+
+
+NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
+DONE = "done"
+ACK_TIMEOUT_MS = 60_000
+
+
+def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int | None,
+                         info, on_notice: Callable[[], None] = lambda: None) -> list:
+    """[backup, stopper]: the first and the last callback of `fit`.
+
+    The backup is BackupAndRestore with save_freq an int, so that fit resumes mid-epoch. It
+    saves at each epoch's last step, at every global step that `every` divides, and on notice
+    (SIGTERM) at one step agreed by all workers: the worker that got the notice claims
+    "my step + 1" in the coordination service and waits until every worker's watcher thread
+    has read it. Workers are at most one step apart (each step all-reduces), so no worker has
+    passed that step, and all save there (a save is collective: one alone would hang). The
+    stopper then raises Preempted, after every other callback has seen that step.
+    """
+    from tensorflow.python.eager import context  # the key-value store has no public API
+
+    class Backup(keras.callbacks.BackupAndRestore):
+        def __init__(self):
+            super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps)
+            self.target: int | None = None  # the global step to save at and stop
+            self.stopped_at: int | None = None
+            self._claimed = self._noticed = False
+            self._watcher: threading.Thread | None = None
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            if info.multi_worker:
+                self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                 name="mgpu-notice-watcher")
+                self._watcher.start()
+
+        def _watch(self):
+            try:
+                value = context.context().get_config_key_value(NOTICE_KEY)  # blocks
+                if value != DONE:
+                    self.target = int(value)
+                    context.context().set_config_key_value(f"{NOTICE_KEY}/ack/{info.task_id}",
+                                                           "1")
+            except Exception as exc:  # noqa: BLE001 (the cluster is going away)
+                _say(f"notice watcher stopped: {exc}")
+
+        def _claim(self, step: int) -> None:
+            if not info.multi_worker:
+                self.target = step
+                return
+            ctx = context.context()
+            try:
+                ctx.set_config_key_value(NOTICE_KEY, str(step + 1))
+            except tf.errors.AlreadyExistsError:
+                return  # another worker was first: its step stands, the watcher reads it
+            for i in range(info.num_workers):
+                ctx.get_config_key_value(f"{NOTICE_KEY}/ack/{i}", ACK_TIMEOUT_MS)
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self._current_epoch * steps + batch + 1)
+            if (notice.is_set() or self.target is not None) and not self._noticed:
+                self._noticed = True
+                on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
+                if not notice.is_set():  # (the supervisor reads progress.json when a line comes)
+                    _say(f"notice from another worker: saving with every worker at global step {self.target}")
+            if notice.is_set() and not self._claimed:
+                self._claimed = True
+                _say(f"notice (SIGTERM) at global step {step}: saving with every worker")
+                self._claim(step)
+            if self.target is not None and step >= self.target:
+                self._backup(epoch=self._current_epoch, batch=batch)
+                self.stopped_at = step
+            elif batch + 1 == steps or (every and step % every == 0):
+                self._backup(epoch=self._current_epoch, batch=batch)
+
+        def on_train_end(self, logs=None):
+            super().on_train_end(logs)
+            if self._watcher is not None:
+                try:
+                    context.context().set_config_key_value(NOTICE_KEY, DONE)
+                except tf.errors.AlreadyExistsError:
+                    pass
+                self._watcher.join(5)
+
+    backup = Backup()
+
+    def stop(batch, logs):
+        if backup.stopped_at is not None:
+            raise Preempted(f"saved a checkpoint at global step {backup.stopped_at} on notice")
+
+    return [backup, keras.callbacks.LambdaCallback(on_train_batch_end=stop)]
+
+
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

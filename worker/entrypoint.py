@@ -1,0 +1,121 @@
+"""An entrypoint's contract: `module:function` returns a `Task`; its data builders get a `DataContext`.
+
+No TensorFlow import here (the examples import this module at no cost).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from worker.strategy import SHARD_POLICIES
+
+
+class WorkerError(Exception):
+    """A problem the user can fix; the message says what to do (no traceback needed)."""
+
+
+class EntrypointError(WorkerError):
+    """The entrypoint cannot be imported, called, or returned something that is not a Task."""
+
+
+@dataclass
+class DataContext:
+    """What a dataset builder is told about the input pipeline it feeds."""
+
+    global_batch_size: int  # per-replica batch x replicas in sync
+    per_replica_batch_size: int
+    num_replicas: int  # replicas in sync over all workers
+    num_workers: int  # input pipelines: one per worker
+    worker_index: int  # this worker's input pipeline id (0 = chief)
+    training: bool  # True for train_data, False for val_data
+    input_context: Any  # the tf.distribute.InputContext of this worker
+
+    def shard(self, dataset):
+        """This worker's share of `dataset` (for Task(shard="off"), e.g. a list of files)."""
+        return dataset.shard(self.num_workers, self.worker_index)
+
+
+@dataclass
+class Task:
+    """What an entrypoint function returns; the runner does sharding, batching and `fit`.
+
+    model: builds the *uncompiled* Keras model; called inside `strategy.scope()`.
+    train_data / val_data: `(DataContext) -> tf.data.Dataset` of single, *unbatched*
+        `(features, label)` examples; the runner caches, shuffles, batches and prefetches.
+    shard: "data" (in-memory data: every worker builds it all, keeps 1/N: AutoShardPolicy.DATA),
+        "file" (a file-reading pipeline such as TFRecordDataset over a file list:
+        AutoShardPolicy.FILE), "off" (the builder already took `ctx.shard(...)` of its files).
+    optimizer: a Keras optimizer name, or `(learning_rate) -> optimizer`.
+    The remaining fields are defaults that command-line flags override.
+    """
+
+    model: Callable[[], Any]
+    train_data: Callable[[DataContext], Any]
+    val_data: Callable[[DataContext], Any] | None = None
+    loss: Any = "sparse_categorical_crossentropy"
+    metrics: Sequence[Any] = ("accuracy",)
+    optimizer: str | Callable[[Any], Any] = "adam"
+    epochs: int | None = None
+    batch_size_per_replica: int | None = None
+    learning_rate: float | None = None
+    steps_per_epoch: int | None = None  # default: examples // global batch
+    checkpoint_every_steps: int | None = None  # default: a checkpoint at each epoch end only
+    validation_steps: int | None = None  # default: the whole validation set
+    shard: str = "data"
+    cache: bool = True  # cache the examples in memory before shuffling
+    shuffle_buffer: int = 10_000
+    prefetch: int = 2  # batches; fixed, as tf.data autotune is off (strategy.dataset_options)
+    warmup_epochs: float = 1.0  # linear warm-up to the scaled learning rate
+    seed: int = 1234  # shuffle and initialisation seed, the same on every worker
+    callbacks: Sequence[Any] | Callable[[], Sequence[Any]] = ()  # extra Keras callbacks
+
+    def __post_init__(self):
+        if self.shard not in SHARD_POLICIES:
+            raise ValueError(f"Task.shard must be one of {SHARD_POLICIES}, not {self.shard!r}")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
+            raise ValueError("Task.checkpoint_every_steps must be at least 1 (or None)")
+
+
+def resolve_entrypoint(spec: str) -> Callable[[], Any]:
+    """Imports `module:function` (the current directory importable); returns the function."""
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise EntrypointError(f"entrypoint {spec!r} must look like 'module:function'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EntrypointError(f"entrypoint {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise EntrypointError(f"entrypoint {spec!r}: {module_name!r} has no function "
+                              f"{func_name!r}")
+    return func
+
+
+def load_entrypoint(spec: str, func: Callable[[], Any] | None = None) -> Task:
+    """Calls the entrypoint function; a returned dict is taken as Task(**dict)."""
+    task = (func or resolve_entrypoint(spec))()
+    if isinstance(task, dict):
+        try:
+            task = Task(**task)
+        except TypeError as exc:
+            raise EntrypointError(f"entrypoint {spec!r} returned a dict that is no Task: "
+                                  f"{exc}") from None
+    if not isinstance(task, Task):
+        raise EntrypointError(f"entrypoint {spec!r} returned {type(task).__name__}, "
+                              "not a worker.Task")
+    return task
+
+
+def first_set(*values, default):
+    """The first value that is not None, else `default`."""
+    for value in values:
+        if value is not None:
+            return value
+    return default

@@ -1,0 +1,139 @@
+"""The cluster check of the preflight: every host listens on its tasks' ports and reaches every peer's
+port, as TensorFlow's gRPC will (no TensorFlow import)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+def _connect_reason(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens there, or a firewall rejects it)"
+    if isinstance(exc, socket.timeout):
+        return "timed out (a firewall drops it, or the address leads nowhere)"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+FOREIGN = "something else answers on that address and port (not this check's listener)"
+ANSWER_S = 2.0
+
+
+def mesh(mine: dict[int, int], group: int, peers: list, token: str, seconds: float) -> dict:
+    """Listen on this host's ports (`mine`: index -> port) and reach every port of `peers`
+    ([index, address, port, group] for the whole cluster) that one of this host's tasks talks to.
+
+    Done when every target answered and every listener heard from every group that talks to it, or
+    after `seconds` with no progress (hosts start their checks at different times), 4 x `seconds` at
+    most. Per task of this host: {"listen_error", "unreached": {j: {"address", "reason"}}}."""
+    start = time.monotonic()
+    until = [start + seconds]
+
+    def progress() -> None:
+        until[0] = min(start + 4 * seconds, time.monotonic() + seconds)
+
+    def left() -> float:
+        return until[0] - time.monotonic()
+
+    lock = threading.Lock()
+    heard: dict[int, set[int]] = {i: set() for i in mine}
+    expect = {i: {g for j, _a, _p, g in peers if j != i} for i in mine}  # the groups that connect to i
+    out = {str(i): {"listen_error": None, "unreached": {}} for i in mine}
+    dual = socket.has_dualstack_ipv6()
+
+    def serve_one(i: int, conn: socket.socket) -> None:
+        """Hello '<token> <group>' in, '<token> ok' out; the peer closes first (no TIME_WAIT here)."""
+        try:
+            conn.settimeout(max(0.5, left()))
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 200:
+                chunk = conn.recv(200)
+                if not chunk:
+                    return
+                data += chunk
+            words = data.decode("ascii", "replace").split()
+            if len(words) == 2 and words[0] == token and words[1].isdigit():
+                conn.sendall(f"{token} ok\n".encode())
+                with lock:
+                    heard[i].add(int(words[1]))
+                    progress()
+                while conn.recv(200):
+                    pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def accept(i: int, server: socket.socket) -> None:
+        while True:
+            try:
+                conn, _addr = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(i, conn), daemon=True).start()
+
+    servers = []
+    failed: dict[int, str] = {}
+    for i, port in mine.items():
+        try:  # all addresses, like TensorFlow's gRPC server (IPv6 too where the host has it)
+            server = socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET,
+                                          backlog=128, dualstack_ipv6=dual)
+        except OSError as exc:
+            out[str(i)]["listen_error"] = failed[i] = exc.strerror or str(exc)
+            expect[i] = set()
+            continue
+        servers.append(server)
+        threading.Thread(target=accept, args=(i, server), daemon=True).start()
+
+    def reach(j: int, host: str, port: int) -> None:
+        """Connect to j until its listener answers (each peer on its own thread: one that times out
+        does not hold up the others); not up yet or not reachable: tried again, less and less often."""
+        pause, reason = 0.1, "not tried before the deadline"
+        while left() > 0:
+            try:
+                c = socket.create_connection((host.strip("[]"), port), timeout=max(0.2, min(2.0, left())))
+            except OSError as exc:
+                reason = _connect_reason(exc)
+                time.sleep(min(pause, max(0.0, left())))
+                pause = min(1.0, pause * 1.5)
+                continue
+            with c:  # our listeners answer at once: anything else is a holder of that port
+                try:
+                    c.settimeout(ANSWER_S)
+                    c.sendall(f"{token} {group}\n".encode())
+                    answer = c.makefile("rb").readline(200).decode("ascii", "replace").split()
+                except OSError:
+                    answer = []
+            with lock:
+                progress()
+            if answer == [token, "ok"]:
+                return
+            reason = FOREIGN
+            break
+        with lock:
+            failed[j] = reason
+
+    reachers = [threading.Thread(target=reach, args=(j, address, port), daemon=True)
+                for j, address, port, _g in peers if j not in failed and any(i != j for i in mine)]
+    for t in reachers:
+        t.start()
+    for t in reachers:
+        t.join()
+    while servers and left() > 0:  # stay up until every peer reached us
+        with lock:
+            if all(heard[i] >= expect[i] for i in mine):
+                break
+        time.sleep(0.02)
+    for server in servers:  # shutdown() wakes a thread blocked in accept(); close() alone leaves it listening
+        try:
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        server.close()
+    time.sleep(0.05)  # let the last answers go out before the process ends
+    where = {j: f"{address}:{port}" for j, address, port, _g in peers}
+    for i in mine:
+        out[str(i)]["unreached"] = {str(j): {"address": where[j], "reason": why}
+                                    for j, why in sorted(failed.items()) if j != i}
+    return out
