@@ -75,6 +75,10 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
         argv += ["--tensorboard", t.tensorboard]
     if t.mixed_precision:
         argv += ["--mixed-precision"]
+    if t.local_replicas is not None:
+        argv += ["--local-replicas", str(t.local_replicas)]
+    if t.collective.value != "auto":
+        argv += ["--communication", t.collective.value]
     return tuple(argv)
 
 

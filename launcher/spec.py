@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import enum
 import stat
 import re
 import sys
@@ -90,6 +91,14 @@ class Host(HostOptions):
         return self.name or self.address
 
 
+class Collective(str, enum.Enum):
+    """The all-reduce between workers: auto (NCCL on GPU tasks, ring on CPU), ring or nccl."""
+
+    AUTO = "auto"
+    RING = "ring"
+    NCCL = "nccl"
+
+
 class Training(_Model):
     entrypoint: Optional[str] = None
     command: Optional[list[str]] = Field(default=None, min_length=1)
@@ -103,6 +112,9 @@ class Training(_Model):
     checkpoint_every_steps: Optional[PositiveInt] = None
     tensorboard: Optional[str] = None
     mixed_precision: bool = False
+    # replicas per worker: on a CPU host, logical CPU devices (None: one; GPU hosts: one per visible GPU)
+    local_replicas: Optional[PositiveInt] = None
+    collective: Annotated[Collective, Field(strict=False)] = Collective.AUTO  # all-reduce between workers
 
     @field_validator("entrypoint")
     @classmethod
@@ -115,6 +127,9 @@ class Training(_Model):
     def _one_of(self):
         if (self.entrypoint is None) == (self.command is None):
             raise ValueError("set exactly one of 'entrypoint' (built-in runner) or 'command' (your own program)")
+        if self.command is not None and (self.local_replicas is not None or self.collective != Collective.AUTO):
+            raise ValueError("local_replicas and collective are settings of the built-in runner ('entrypoint'); "
+                             "a 'command' builds its own strategy (see worker.strategy_from_env)")
         return self
 
 

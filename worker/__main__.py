@@ -21,6 +21,7 @@ environment:
   MGPU_DATA          data path read by the bundled examples (worker.examples.*)
   MGPU_PROGRESS_INTERVAL  seconds between progress.json writes on batches (default 1)
   MGPU_TF_DATA_AUTOTUNE=1 tf.data autotune back on (benchmarks; fit may end seconds late)
+  TF_FORCE_GPU_ALLOW_GROWTH  set to true unless set already or TF_GPU_ALLOCATOR is set
 
 SIGTERM: every worker finishes the step, all save a checkpoint at the same step, and the
 process exits %d (preempted). Exit codes: 0 done, 2 a problem you can fix, 1 anything else.
@@ -75,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--communication", choices=("auto", "ring", "nccl"), default="auto",
                    help="collective implementation between workers (auto: NCCL with GPUs, "
                         "else RING)")
+    p.add_argument("--local-replicas", type=positive, metavar="N",
+                   help="replicas in this worker on a host without GPUs: the CPU split into N "
+                        "logical devices (with GPUs: one replica per visible GPU; N must match)")
     return p
 
 
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every_steps=args.checkpoint_every_steps,
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,
-        communication=args.communication)
+        communication=args.communication, local_replicas=args.local_replicas)
     try:
         run(config)
     except (WorkerError, ImportError) as exc:

@@ -11,11 +11,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from worker.errors import WorkerError
 from worker.strategy import SHARD_POLICIES
 
-
-class WorkerError(Exception):
-    """A problem the user can fix; the message says what to do (no traceback needed)."""
+__all__ = ["DataContext", "EntrypointError", "Task", "WorkerError", "first_set", "load_entrypoint",
+           "resolve_entrypoint"]
 
 
 class EntrypointError(WorkerError):

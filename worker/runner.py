@@ -51,6 +51,7 @@ class RunConfig:
     save_weights: str | None = None
     communication: str = "auto"
     devices: Sequence[str] | None = None  # one worker: MirroredStrategy over these
+    local_replicas: int | None = None  # replicas per worker on a CPU host (logical CPU devices)
 
 
 def default_dirs(run_dir: str | None) -> tuple[str, str]:
@@ -107,8 +108,8 @@ def run(config: RunConfig) -> dict:
             set_mixed_precision(True)
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op, so the
         # entrypoint (which may index files with TensorFlow) is called only afterwards.
-        strategy = strategy_from_env(devices=config.devices,
-                                     communication=config.communication)
+        strategy = strategy_from_env(devices=config.devices, communication=config.communication,
+                                     local_replicas=config.local_replicas)
     task = load_entrypoint(config.entrypoint, entrypoint)
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs = int(first_set(config.epochs, task.epochs, default=DEFAULT_EPOCHS))
@@ -121,7 +122,7 @@ def run(config: RunConfig) -> dict:
     checkpoint_dir = config.checkpoint_dir or checkpoint_dir
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
-    writer.update(force=True, epochs=epochs)
+    writer.update(force=True, epochs=epochs, replicas=replicas)
     _say(f"task {task_id} of {info.num_workers} ({'chief' if info.is_chief else 'worker'}): "
          f"{type(strategy).__name__}, {replicas} replica(s) in sync, "
          f"global batch {global_batch} ({per_replica}/replica)")

@@ -85,6 +85,9 @@ def import_tensorflow():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     _require_tf_keras()
+    from worker.replicas import allow_gpu_growth
+
+    allow_gpu_growth()
     import tensorflow as tf
 
     return tf
@@ -113,11 +116,12 @@ _gpus_configured = False
 
 
 def configure_gpus() -> list:
-    """Turns on memory growth for every visible GPU (once); returns the physical GPUs."""
+    """Turns on memory growth for every visible GPU (once; not where TF_GPU_ALLOCATOR chooses an
+    allocator); returns the physical GPUs."""
     global _gpus_configured
     tf = import_tensorflow()
     gpus = tf.config.list_physical_devices("GPU")
-    if not _gpus_configured:
+    if not _gpus_configured and "TF_GPU_ALLOCATOR" not in os.environ:
         for gpu in gpus:
             try:
                 tf.config.experimental.set_memory_growth(gpu, True)
@@ -211,20 +215,28 @@ def wait_for_chief(info: ClusterInfo, timeout: float = 60.0) -> bool:
 
 
 def strategy_from_env(devices: Sequence[str] | None = None, communication: str = "auto",
-                      environ: Mapping[str, str] | None = None):
+                      environ: Mapping[str, str] | None = None, local_replicas: int | None = None):
     """The strategy this task should use, from TF_CONFIG and the visible GPUs.
 
     More than one task in TF_CONFIG -> MultiWorkerMirroredStrategy (NCCL when GPUs are
     visible, RING otherwise, or `communication`); one task -> MirroredStrategy over the local
     GPUs (or `devices`, e.g. ["/gpu:0", "/gpu:1"]); the default strategy on a CPU-only host.
-    With several workers it also calls `quiet_device_datasets()` (unless
+    `local_replicas` > 1 on a host without GPUs splits the CPU into that many logical devices,
+    one replica each (MirroredStrategy alone, else that many per worker); with GPUs it must
+    equal their number. With several workers it also calls `quiet_device_datasets()` (unless
     MGPU_TF_DATA_AUTOTUNE=1), so that `fit` returns promptly.
     """
     if communication not in COMMUNICATIONS:
         raise ValueError(f"communication must be one of {', '.join(COMMUNICATIONS)}, "
                          f"not {communication!r}")
+    from worker import replicas as local
+
     tf = import_tensorflow()
     gpus = configure_gpus()
+    local.check_gpu_count(local_replicas, gpus)
+    cpu_replicas = local_replicas if local_replicas and local_replicas > 1 and not gpus else None
+    if devices and cpu_replicas:
+        raise ValueError("give devices= or local_replicas=, not both")
     info = cluster_from_env(environ)
     if info.multi_worker:
         if devices:
@@ -239,7 +251,11 @@ def strategy_from_env(devices: Sequence[str] | None = None, communication: str =
         if os.environ.get("MGPU_TF_DATA_AUTOTUNE", "0") != "1":
             quiet_device_datasets()
         wait_for_chief(info)
+        if cpu_replicas:
+            return local.multi_worker_strategy(tf, cpu_replicas, info.num_workers, options)
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if cpu_replicas:
+        devices = local.split_cpu(tf, cpu_replicas)
     if devices:
         return tf.distribute.MirroredStrategy(devices=list(devices))
     if gpus:
