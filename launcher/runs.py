@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 from launcher.run import record
 from launcher.run.failure import Failure, FailureKind
+from launcher.run.progress import typed
 from launcher.engines import Engine, engine_for
 from launcher.errors import RunFailed, RunNotFound
 from launcher.run.output import Output
@@ -26,7 +28,7 @@ DOWN_WAIT_S = 60.0
 
 
 def _engine(run: record.RunRecord) -> Engine:
-    spec = load_spec(record.run_path(run.run_id) / "spec.toml")
+    spec = load_spec(record.run_path(run.run_id) / "spec.toml", base=Path(run.spec_path).parent)
     engine = engine_for(spec, run.run_id)
     engine.attach({t.index: (t.host, t.port) for t in run.tasks}, run.job)
     return engine
@@ -91,7 +93,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
         row = res.value if res is not None and res.ok else {}
-        progress = row.get("progress") or t.progress or {}
+        progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
         state = _task_state(row) if row and not run.ended else t.state
         code = row.get("exit_code")
         tasks.append({

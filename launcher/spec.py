@@ -32,6 +32,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def _no_nul(value, what: str):
+    """A NUL cannot reach a process (not in an argument, nor in the environment): refused here, by name."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"{what} holds a NUL character (\\x00), which no program can be given; remove it")
+    return value
+
+
 class HostOptions(_Model):
     """Keys a host may set; `[defaults]` fills whichever a host leaves out."""
 
@@ -58,9 +65,10 @@ class HostOptions(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env):
-        for key in env or {}:
+        for key, value in (env or {}).items():
             if not EnvName.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+            _no_nul(value, f"the value of {key}")
         return env
 
     @field_validator("name", "user", "python", "workdir", "identity_file")
@@ -68,7 +76,7 @@ class HostOptions(_Model):
     def _not_empty(cls, value):
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
-        return value
+        return _no_nul(value, "it")
 
 
 class Host(HostOptions):
@@ -115,6 +123,13 @@ class Training(_Model):
     # replicas per worker: on a CPU host, logical CPU devices (None: one; GPU hosts: one per visible GPU)
     local_replicas: Optional[PositiveInt] = None
     collective: Annotated[Collective, Field(strict=False)] = Collective.AUTO  # all-reduce between workers
+
+    @field_validator("command", "checkpoint_dir", "tensorboard")
+    @classmethod
+    def _plain(cls, value):
+        for item in value if isinstance(value, list) else [value]:
+            _no_nul(item, "an argument" if isinstance(value, list) else "it")
+        return value
 
     @field_validator("entrypoint")
     @classmethod
@@ -233,9 +248,10 @@ class Slurm(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env):
-        for key in env or {}:
+        for key, value in (env or {}).items():
             if not EnvName.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+            _no_nul(value, f"the value of {key}")
         return env
 
 
@@ -348,7 +364,9 @@ def parse_spec(data: dict, source: str = "<spec>") -> ClusterSpec:
         raise SpecError(f"{source} is not a valid cluster spec:\n  " + "\n  ".join(lines)) from None
 
 
-def load_spec(path: str | Path) -> ClusterSpec:
+def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
+    """The spec in `path`; a local host's relative workdir is relative to `base` (default: the file's
+    folder), so that `logs` or `down` from another folder find the same files."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -371,4 +389,10 @@ def load_spec(path: str | Path) -> ClusterSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path} is not valid TOML: {exc}.") from None
-    return parse_spec(data, str(path))
+    spec = parse_spec(data, str(path))
+    if spec.hosts is None:
+        return spec
+    root = (base or path.parent).resolve()
+    hosts = [h.model_copy(update={"workdir": str(root / h.workdir)}) if h.is_local and h.workdir
+             and not h.workdir.startswith(("/", "~")) else h for h in spec.hosts]
+    return spec.model_copy(update={"hosts": hosts})

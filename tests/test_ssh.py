@@ -487,6 +487,48 @@ def test_hostile_values_stay_plain_strings(cli, th, tmp_path):
 
 
 @needs_root
+def test_sync_keeps_private_files_private_while_it_copies(cli, th, tmp_path):
+    """Another user on the host, reading all the while, never reads a 0600 file during its copy (over a
+    slowed link), and a synced folder keeps its local mode (0700 stays 0700)."""
+    user = f"mgpu-rt{os.getpid() % 100000}"
+    subprocess.run(["useradd", "-M", user], check=True)
+    shared = Path(f"/tmp/mgpu-sync-{os.getpid()}")  # traversable by others, unlike pytest's own folders
+    veth = th.hosts[0].veth  # the host's side of the bridge: what flows to the host (the upload) is slowed
+    shape = ["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "1mbit", "burst", "32kbit", "latency", "400ms"]
+    try:
+        proj, wd = shared / "proj", shared / "wd"
+        (proj / "data").mkdir(parents=True)
+        (proj / "private").mkdir(mode=0o700)
+        wd.mkdir()
+        for d in (shared, proj / "data", wd):
+            d.chmod(0o755)
+        secret = os.urandom(256 * 1024)
+        for f in (proj / "data" / "key.bin", proj / "private" / "notes.txt"):
+            f.write_bytes(secret)
+            f.chmod(0o600)
+        spec = write_spec(tmp_path, th.addresses[:1], {"command": ["true"]}, top={"sync": ["data", "private"]},
+                          defaults={"workdir": str(wd)}, folder=proj)
+        subprocess.run(shape, check=True)
+        check = cli.popen("check", spec)
+        read = b""
+        while check.poll() is None:  # the other user tries every file below the workdir, all the while
+            found = subprocess.run(["runuser", "-u", user, "--", "sh", "-c", f"find {wd} -type f -exec cat {{}} +"],
+                                   capture_output=True)
+            read += found.stdout
+        out = check.communicate()[0]
+        assert check.returncode == 0 and "2 file(s) copied" in out, out
+        assert secret[:64] not in read, "another user read a private file while it was copied"
+        assert (wd / "data" / "key.bin").read_bytes() == secret
+        assert oct((wd / "data" / "key.bin").stat().st_mode & 0o777) == "0o600"
+        assert oct((wd / "private").stat().st_mode & 0o777) == "0o700"  # as the local folder
+        assert not list(wd.rglob(".mgpu-sync-*")), "a temporary folder was left behind"
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
+        subprocess.run(["userdel", user], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_root
 def test_sync_copies_to_each_workdir_and_skips_unchanged(cli, th, tmp_path):
     proj = tmp_path / "proj"
     (proj / "data" / "sub").mkdir(parents=True)

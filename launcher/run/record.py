@@ -292,8 +292,11 @@ class Owner:
 
 
 def launcher_alive(record: RunRecord) -> bool:
-    """The run's launcher (or a `down` acting for it) still holds the run."""
-    return run_lock(record.run_id).held_elsewhere()
+    """The run's launcher is still there: its pid, started at its recorded time, lives. (Not the run's
+    lock: a `status` that settles a dead launcher's run holds it for a moment too.)"""
+    from worker.task.procs import same
+
+    return same(record.agent_pid, record.agent_create_time) is not None
 
 
 # --------------------------------------------------------------------------- ports

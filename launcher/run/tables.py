@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from launcher.run.record import RunRecord
 
@@ -41,8 +42,8 @@ def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, 
     table = Table(title=title, title_justify="left")
     for i in chosen:
         table.add_column(columns[i][0], no_wrap=columns[i][1] <= 1, overflow="fold")
-    for r in rows:
-        table.add_row(*(r[i] for i in chosen))
+    for r in rows:  # as plain text: a host named 'gpu[a100]' is no markup
+        table.add_row(*(Text(r[i]) for i in chosen))
     return table
 
 
@@ -62,7 +63,8 @@ def summary(run: RunRecord, width: int = 80) -> Table:
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
     table = fit(cols, rows, width, f"run {run.run_id}: {run.state}")
     if not any(c.header == "metrics" for c in table.columns):  # no room beside the rest: below it
-        table.caption = "\n".join(f"task {r[0]}: {r[5]}" for r in rows if r[5]) or None
+        shown = "\n".join(f"task {r[0]}: {r[5]}" for r in rows if r[5])
+        table.caption = Text(shown) if shown else None
         table.caption_justify = "left"
     return table
 

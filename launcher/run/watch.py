@@ -9,6 +9,7 @@ import time
 
 from launcher.diagnose.stacks import at_hang
 from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name, with_stacks
+from launcher.run.progress import typed
 from launcher.run.record import run_path
 from worker import protocol
 from worker.protocol import ProgressState, RunState, TaskState
@@ -19,9 +20,8 @@ NOTICE_STATES = (ProgressState.PREEMPTING, ProgressState.PREEMPTED)
 
 
 def step_of(progress, key: str = "global_step") -> int:
-    """A progress record's global step, 0 when it gives none that is a whole number (untrusted input)."""
-    value = progress.get(key) if isinstance(progress, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    """A (typed) progress record's global step; 0 when it gives none."""
+    return (progress or {}).get(key) or 0
 
 
 class Watch:
@@ -53,13 +53,13 @@ class Watch:
             if ev.status is not None:  # else a beat without figures
                 task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
         elif isinstance(ev, protocol.Progress):
-            task.progress = ev.progress
+            task.progress = p = typed(ev.progress)  # written by the training: untrusted
             # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
-            if task.heartbeat or step_of(ev.progress) > step_of(ev.progress, "first_global_step"):
+            if task.heartbeat or step_of(p) > step_of(p, "first_global_step"):
                 task.heartbeat = now
-            if step_of(ev.progress) > 0:
+            if step_of(p) > 0:
                 self.mark_phase("first_step")
-            self.remember(index, ev.progress, now)
+            self.remember(index, p, now)
         elif isinstance(ev, protocol.Note):
             self.out.say(f"{self.label(index)}: {ev.text}")
         elif isinstance(ev, protocol.Exit):

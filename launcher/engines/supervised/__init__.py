@@ -100,15 +100,18 @@ class SupervisedEngine(Engine):
 
     def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
         path = f"{self.plan[index].run_dir}/worker.log"
-        if tail is not None:
-            code, size, _err = self.call(index, ["stat", "-c", "%s", path], 30)
-            if code != 0:
-                return "", offset
-            code, text, _err = self.call(index, ["tail", "-n", str(tail), path], 30)
-            return (text if code == 0 else ""), int(size.strip() or 0)
-        code, text, _err = self.call(index, ["tail", "-c", f"+{offset + 1}", path], 30)
+        argv = ["sh", "-c", 'stat -c %s "$1" && tail -n "$2" "$1"', "sh", path, str(tail)] if tail is not None else \
+            ["tail", "-c", f"+{offset + 1}", path]
+        code, text, err = self.call(index, argv, 30)
         if code != 0:
-            return "", offset
+            plan = self.plan[index]
+            where = plan.cwd or (os.getcwd() if plan.host.is_local else "the login folder")
+            raise RuntimeError(f"{self.plan[index].label}: cannot read {path} (relative to {where}): "
+                               f"{(err.strip().splitlines() or ['no such file'])[-1]}; the task may not have "
+                               "started yet, or its folder was removed")
+        if tail is not None:
+            size, _, text = text.partition("\n")
+            return text, int(size.strip() or 0)
         return text, offset + len(text.encode())
 
     def reachable(self, indices: list[int]) -> list[Result[float]]:

@@ -376,16 +376,23 @@ class SSHTransport(Transport):
                         continue
                 except FileNotFoundError:
                     pass
-                _sftp_makedirs(sftp, posixpath.dirname(remote), made)
-                tmp = f"{remote}.mgpu-sync-{secrets.token_hex(4)}"
-                sftp.put(local, tmp, confirm=True)
-                sftp.chmod(tmp, statmod.S_IMODE(st.st_mode))
-                sftp.utime(tmp, (st.st_atime, st.st_mtime))
+                _sftp_makedirs(sftp, posixpath.dirname(remote), made, os.path.dirname(local))
+                # copied into a fresh owner-only folder, then renamed into place: no other user can read a
+                # private file while it is copied (a temporary file would be created 0644 before its chmod)
+                box = posixpath.join(posixpath.dirname(remote), f".mgpu-sync-{secrets.token_hex(4)}")
+                sftp.mkdir(box, mode=0o700)
+                tmp = posixpath.join(box, posixpath.basename(remote))
                 try:
-                    sftp.posix_rename(tmp, remote)
-                except OSError:
-                    sftp.remove(remote)
-                    sftp.rename(tmp, remote)
+                    sftp.put(local, tmp, confirm=True)
+                    sftp.chmod(tmp, statmod.S_IMODE(st.st_mode))
+                    sftp.utime(tmp, (st.st_atime, st.st_mtime))
+                    try:
+                        sftp.posix_rename(tmp, remote)
+                    except OSError:
+                        sftp.remove(remote)
+                        sftp.rename(tmp, remote)
+                finally:
+                    _sftp_clear(sftp, box)
                 copied += 1
                 size += st.st_size
         except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -421,7 +428,8 @@ def _sftp_dir(workdir: str | None) -> str:
     return workdir[2:] if workdir.startswith("~/") else workdir
 
 
-def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str]) -> None:
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str], local: str) -> None:
+    """Make `path` and its missing parents, each with the mode of its local counterpart (`local`)."""
     if not path or path in made or path in ("/", "."):
         return
     try:
@@ -431,13 +439,28 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str]) -> None
         raise OSError(f"{path} exists on the host and is not a folder")
     except FileNotFoundError:
         pass
-    _sftp_makedirs(sftp, posixpath.dirname(path), made)
+    _sftp_makedirs(sftp, posixpath.dirname(path), made, os.path.dirname(local))
     try:
-        sftp.mkdir(path)
+        mode = statmod.S_IMODE(os.stat(local).st_mode)
+    except OSError:
+        mode = 0o700
+    try:
+        sftp.mkdir(path, mode=mode)
+        sftp.chmod(path, mode)  # as the local folder, whatever the host's umask
     except OSError:
         if not statmod.S_ISDIR(sftp.stat(path).st_mode):
             raise
     made.add(path)
+
+
+def _sftp_clear(sftp: paramiko.SFTPClient, box: str) -> None:
+    """Remove a sync's temporary folder (and a file left in it by an interrupted copy)."""
+    try:
+        for name in sftp.listdir(box):
+            sftp.remove(posixpath.join(box, name))
+        sftp.rmdir(box)
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
 
 
 def _lines(channel: paramiko.Channel):
