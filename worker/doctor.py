@@ -12,11 +12,11 @@ import os
 import platform
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from importlib.machinery import PathFinder
 
+from worker.devices import gpu_indices, interface_for, task_devices
 from worker.mesh import mesh
 
 
@@ -121,18 +121,16 @@ def entrypoint_problem(entrypoint: str, cwd: str) -> str | None:
 
 
 def program_problem(program: str, cwd: str) -> str | None:
-    if ("/" not in program and shutil.which(program)) or os.path.isfile(os.path.join(cwd, program)):
-        return None
-    return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
-
-
-def gpu_indices() -> set[int] | None:
-    """The GPUs nvidia-smi lists, or None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=20)
-    return {int(x) for x in out.stdout.split() if x.strip().isdigit()}
+    if "/" not in program:
+        if shutil.which(program):
+            return None
+        return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
+    path = os.path.join(cwd, program)
+    if not os.path.isfile(path):
+        return f"program {program!r} does not exist (looked for {path})"
+    if not os.access(path, os.X_OK):
+        return f"program {path} is not executable: chmod +x it, or run it through its interpreter"
+    return None
 
 
 def writable_problem(path: str) -> str | None:
@@ -175,15 +173,22 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
             problems.append(once(("entrypoint", cwd), entrypoint_problem, entrypoint, cwd))
         if program:
             problems.append(once(("program", cwd), program_problem, program, cwd))
-        if t.get("gpus"):
-            if not gpus:
-                gpus.append(gpu_indices())
-            have = gpus[0]
+        if t.get("gpus") != "none" and not gpus:
+            gpus.append(gpu_indices())
+        have = gpus[0] if gpus else None
+        if isinstance(t.get("gpus"), list) and t["gpus"]:
             missing = sorted(set(t["gpus"]) - (have or set()))
             if have is None:
                 problems.append(f"GPUs {t['gpus']} are named but this host has no nvidia-smi")
             elif missing:
                 problems.append(f"GPUs {missing} do not exist here (this host has {sorted(have)})")
+        entry["devices"], entry["devices_unknown"] = task_devices(t, have)
+        local = t.get("local_replicas")
+        if local and entry["devices"] not in (None, local):  # GPUs visible: one replica each
+            problems.append(f"local_replicas = {local}, but this task sees {entry['devices']} GPU(s), one "
+                            "replica each; leave local_replicas out or make it equal")
+        if t.get("address"):
+            entry["network"] = once(("address", t["address"]), interface_for, t["address"])
         for p in t.get("writable", []):
             path = os.path.join(cwd, os.path.expanduser(p))
             problems.append(once(("writable", path), writable_problem, path))
@@ -194,7 +199,8 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__)
     parser.add_argument("--task", action="append", default=[], type=json.loads, metavar="JSON",
-                        help='one task: {"index", "port", "cwd"?, "writable": [...], "gpus"?: [...]}')
+                        help='one task: {"index", "port", "cwd"?, "writable": [...], "gpus"?: [...] | "all" | "none", '
+                        '"local_replicas"?, "address"?}')
     parser.add_argument("--entrypoint")
     parser.add_argument("--program")
     parser.add_argument("--mesh", type=json.loads, metavar="PEERS", help="cluster check: every task's "

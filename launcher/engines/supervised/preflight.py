@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from launcher import devices
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
@@ -59,8 +60,11 @@ def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
            "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
     if cwd and plan.cwd:
         doc["cwd"] = plan.cwd
-    if isinstance(plan.host.gpus, list):
+    if plan.host.gpus is not None:
         doc["gpus"] = plan.host.gpus
+    if t.local_replicas:
+        doc["local_replicas"] = t.local_replicas
+    doc["address"] = plan.host.address  # the doctor names the interface that carries it
     return doc
 
 
@@ -278,7 +282,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
     t0 = time.monotonic()
     results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh, hold), found_groups,
                    len(found_groups) if with_mesh else HOSTS_AT_ONCE)  # the mesh needs all at once
-    meshes = {}
+    meshes, entries = {}, {}
     for group, (report, error) in zip(found_groups, results):
         problem = error or (report or {}).get("problem")
         tasks = {} if problem else {t["index"]: t for t in report["tasks"]}
@@ -287,12 +291,13 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
             if problem:
                 c.problems.append(problem)
                 continue
-            entry = tasks[p.index]
+            entry = entries[p.index] = tasks[p.index]
             c.problems += [workdir_missing(p)] if entry["no_workdir"] else entry["problems"]
             c.versions = report["versions"]
             if report.get("mesh"):
                 meshes[p.index] = report["mesh"].get(str(p.index), {})
     version_problems(checks)
+    devices.apply(checks, entries, say)  # equal device counts; loopback warnings; NCCL_SOCKET_IFNAME
     if with_mesh and all(c.ok for c in checks):  # else a peer's own failure would show here twice
         for c in checks:
             c.problems += mesh_problems(c.plan, meshes.get(c.plan.index, {}))
