@@ -40,7 +40,7 @@ def tf_config(
 ):
     """Print the TF_CONFIG of one task (or of all) as JSON."""
     from launcher.errors import SpecError
-    from launcher.spec import load_spec
+    from launcher.specfile import load_spec
     from launcher.tfconfig import tf_config as build
 
     cluster = load_spec(spec)

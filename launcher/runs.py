@@ -18,7 +18,7 @@ from launcher.run.progress import typed
 from launcher.engines import Engine, engine_for
 from launcher.errors import RunFailed, RunNotFound
 from launcher.run.output import Output
-from launcher.spec import load_spec
+from launcher.specfile import load_spec
 from launcher.engines.base import parallel
 from launcher.run.tables import status_plain, status_table
 from worker.task import procs

@@ -11,7 +11,7 @@ from launcher.engines import engine_for
 from launcher.errors import Interrupted, PreflightError, RunFailed
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.output import Output
-from launcher.spec import load_spec
+from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, summary
 from worker.protocol import RunState
 

@@ -20,7 +20,7 @@ from conftest import launcher_traceback, latest_state, run_processes, wait_for, 
 from launcher.engines.slurm.job import parse_time
 from launcher.engines.slurm.plan import plan_slurm
 from launcher.engines.slurm.script import batch_script, sbatch_options
-from launcher.spec import parse_spec
+from launcher.specfile import parse_spec
 from worker.task import slurm as slurm_task
 
 PY = sys.executable
@@ -62,7 +62,7 @@ def test_tf_config_round_trips_through_tensorflow(monkeypatch):
 
 def test_example_slurm_spec_is_valid():
     from conftest import REPO
-    from launcher.spec import load_spec
+    from launcher.specfile import load_spec
 
     spec = load_spec(REPO / "cluster.slurm.toml")
     assert spec.hosts is None and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1

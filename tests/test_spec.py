@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from launcher.spec import load_spec, parse_spec
+from launcher.specfile import load_spec, parse_spec
 from launcher.tfconfig import task_env, tf_config
 
 HOST0 = '[[hosts]]\naddress = "localhost"\nport = 20000\n'

@@ -15,10 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import posixpath
-import secrets
 import socket
-import stat as statmod
 import threading
 import time
 
@@ -30,6 +27,7 @@ from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
 from launcher.engines.supervised.hostkeys import check_host_keys, hostkey_name
 from launcher.engines.supervised.shell import shell_command
+from launcher.engines.supervised.sync import sync_over_sftp
 from launcher.engines.supervised.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
@@ -355,49 +353,10 @@ class SSHTransport(Transport):
 
     # ---- sync
     def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict:
-        """Copy (local path, relative path) pairs below `workdir` over SFTP; skip unchanged files.
-
-        A file counts as unchanged when the remote copy has the same size and modification time
-        (the copy gets the local file's mtime and mode). Each file is written to a temporary name
-        and renamed into place, so an interrupted sync never leaves a half-written file."""
-        conn = self.connection()
-        root = _sftp_dir(workdir)
-        copied = unchanged = size = 0
-        made: set[str] = set()
         try:
-            sftp = conn.sftp()
-            for local, rel in files:
-                remote = posixpath.join(root, rel) if root else rel
-                st = os.stat(local)
-                try:
-                    rst = sftp.stat(remote)
-                    if rst.st_size == st.st_size and int(rst.st_mtime or -1) == int(st.st_mtime):
-                        unchanged += 1
-                        continue
-                except FileNotFoundError:
-                    pass
-                _sftp_makedirs(sftp, posixpath.dirname(remote), made, os.path.dirname(local))
-                # copied into a fresh owner-only folder, then renamed into place: no other user can read a
-                # private file while it is copied (a temporary file would be created 0644 before its chmod)
-                box = posixpath.join(posixpath.dirname(remote), f".mgpu-sync-{secrets.token_hex(4)}")
-                sftp.mkdir(box, mode=0o700)
-                tmp = posixpath.join(box, posixpath.basename(remote))
-                try:
-                    sftp.put(local, tmp, confirm=True)
-                    sftp.chmod(tmp, statmod.S_IMODE(st.st_mode))
-                    sftp.utime(tmp, (st.st_atime, st.st_mtime))
-                    try:
-                        sftp.posix_rename(tmp, remote)
-                    except OSError:
-                        sftp.remove(remote)
-                        sftp.rename(tmp, remote)
-                finally:
-                    _sftp_clear(sftp, box)
-                copied += 1
-                size += st.st_size
+            return sync_over_sftp(self.connection().sftp(), files, workdir)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostUnreachable(f"{self.where}: sync to {workdir or 'the login folder'} failed: {exc}") from None
-        return {"copied": copied, "unchanged": unchanged, "bytes": size}
 
     def close(self) -> None:
         self.closed.set()
@@ -417,48 +376,6 @@ def _close(thing: paramiko.Channel | Connection) -> None:
     the peer has just reset that raises (EPIPE, EOFError), which must not end the thread that closes."""
     try:
         thing.close()
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-
-
-def _sftp_dir(workdir: str | None) -> str:
-    """workdir as SFTP sees it: SFTP starts in the login folder, where ~ points."""
-    if not workdir or workdir == "~":
-        return ""
-    return workdir[2:] if workdir.startswith("~/") else workdir
-
-
-def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str], local: str) -> None:
-    """Make `path` and its missing parents, each with the mode of its local counterpart (`local`)."""
-    if not path or path in made or path in ("/", "."):
-        return
-    try:
-        if statmod.S_ISDIR(sftp.stat(path).st_mode):
-            made.add(path)
-            return
-        raise OSError(f"{path} exists on the host and is not a folder")
-    except FileNotFoundError:
-        pass
-    _sftp_makedirs(sftp, posixpath.dirname(path), made, os.path.dirname(local))
-    try:
-        mode = statmod.S_IMODE(os.stat(local).st_mode)
-    except OSError:
-        mode = 0o700
-    try:
-        sftp.mkdir(path, mode=mode)
-        sftp.chmod(path, mode)  # as the local folder, whatever the host's umask
-    except OSError:
-        if not statmod.S_ISDIR(sftp.stat(path).st_mode):
-            raise
-    made.add(path)
-
-
-def _sftp_clear(sftp: paramiko.SFTPClient, box: str) -> None:
-    """Remove a sync's temporary folder (and a file left in it by an interrupted copy)."""
-    try:
-        for name in sftp.listdir(box):
-            sftp.remove(posixpath.join(box, name))
-        sftp.rmdir(box)
     except (OSError, EOFError, paramiko.SSHException):
         pass
 

@@ -1,0 +1,93 @@
+"""Reading cluster.toml: the file (UTF-8 TOML), then the spec's validation, each problem as one line
+naming the file, the key's path and the reason ("did you mean ...?" for a typo)."""
+
+from __future__ import annotations
+
+import difflib
+import stat
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from launcher.errors import SpecError
+from launcher.spec import ClusterSpec, Host, HostOptions, Launch, Slurm, Training
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch, "slurm": Slurm}
+
+
+def _near_key(loc: tuple) -> str:
+    """A ' (did you mean ...?)' hint for an unknown key, or ''."""
+    model = _SECTIONS.get(loc[0], ClusterSpec) if len(loc) > 1 else ClusterSpec
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _message(err: dict) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{_where(loc)}: unknown key{_near_key(loc)}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        msg = "required key is missing"
+    return f"{_where(loc)}: {msg}" if loc else msg
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> ClusterSpec:
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = [_message(e) for e in exc.errors()]
+        raise SpecError(f"{source} is not a valid cluster spec:\n  " + "\n  ".join(lines)) from None
+
+
+def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
+    """The spec in `path`; a local host's relative workdir is relative to `base` (default: the file's
+    folder), so that `logs` or `down` from another folder find the same files."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise SpecError(f"{path} is not a regular file (a FIFO, socket or device); give the path of a cluster.toml "
+                        "file.")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise SpecError(f"{path} is a directory; give the path of a cluster.toml file.") from None
+    except FileNotFoundError:
+        raise SpecError(f"{path} does not exist; see cluster.example.toml for a starting point.") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8.") from None
+    except OSError as exc:
+        raise SpecError(f"{path} cannot be read: {exc.strerror}.") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path} is not valid TOML: {exc}.") from None
+    spec = parse_spec(data, str(path))
+    if spec.hosts is None:
+        return spec
+    root = (base or path.parent).resolve()
+    hosts = [h.model_copy(update={"workdir": str(root / h.workdir)}) if h.is_local and h.workdir
+             and not h.workdir.startswith(("/", "~")) else h for h in spec.hosts]
+    return spec.model_copy(update={"hosts": hosts})
