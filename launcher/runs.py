@@ -103,6 +103,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
+            "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(now - progress["time"], 1) if progress.get("time") else None,
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
             "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
@@ -130,10 +131,12 @@ def straggler_json(tasks: list[dict]) -> dict | None:
 
 
 def _split_lines(snap: dict) -> list[str]:
-    """The step split per task, and the straggler, for the plain and rich views."""
+    """The replicas in sync, the step split per task, and the straggler, for the plain and rich views."""
+    replicas = next((t["replicas"] for t in snap["tasks"] if t.get("replicas")), None)
+    head = [f"replicas in sync: {replicas} over {len(snap['tasks'])} worker(s)"] if replicas else []
     parts = [f"task {t['index']} {t['compute_ms']:.1f} / {t['wait_ms']:.1f}" for t in snap["tasks"]
              if isinstance(t.get("compute_ms"), (int, float)) and isinstance(t.get("wait_ms"), (int, float))]
-    lines = [f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else []
+    lines = head + ([f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else [])
     if snap.get("straggler"):
         lines.append(f"straggler: task {snap['straggler']['task']} ({snap['straggler']['ratio']:.2f}x the median "
                      "of the others' own work per step)")

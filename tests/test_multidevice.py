@@ -8,16 +8,16 @@ NCCL_SOCKET_IFNAME each remote task is given.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import IN_CI, REPO, free_port, reap, wait_gone
+from conftest import IN_CI, REPO, free_port, reap, wait_gone, write_spec
 from test_preempt_worker import (EXIT_PREEMPTED, STEPS, assert_resumed_at, assert_same_weights, mid_epoch_2,
                                  progress, run, start, wait_until)  # noqa: F401 (run: a fixture)
 from test_worker import Workers, read_progress, run_ok
@@ -48,18 +48,20 @@ def test_one_host_with_two_local_replicas_trains_with_mirrored_strategy(tmp_path
     assert accuracy(one) >= 0.90 and abs(accuracy(one) - accuracy(alone)) <= 0.02, (accuracy(one), accuracy(alone))
 
 
-def test_two_workers_with_two_local_replicas_each_train_four_in_sync(tmp_path, alone):
-    weights = tmp_path / "w-{task}.npz"
-    two = run_ok(Workers(tmp_path / "run", [*DIGITS, "--local-replicas", "2", "--batch-size-per-replica", "16",
-                                            "--learning-rate", "0.001", "--save-weights", str(weights)]))
-    for i in range(2):
-        assert "CollectiveAllReduceStrategy, 4 replica(s) in sync, global batch 64 (16/replica)" in two.log(i)
-        p = read_progress(str(two.task_dir(i)))
-        assert (p["replicas"], p["steps_per_epoch"], p["global_step"]) == (4, 1437 // 64, 5 * (1437 // 64)), p
-    four = accuracy(two)
+def test_two_workers_with_two_local_replicas_each_train_four_in_sync(cli, tmp_path, alone):
+    # the spec's [training] local_replicas reaches every worker; the learning rate 4 x 0.001 after warm-up
+    spec = write_spec(tmp_path, training='entrypoint = "worker.examples.digits:task"\nlocal_replicas = 2\n'
+                                         "batch_size_per_replica = 16\nlearning_rate = 0.001")
+    r = cli("up", spec, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("CollectiveAllReduceStrategy, 4 replica(s) in sync, global batch 64 (16/replica)") == 2
+    assert ", 4 replicas in sync" in r.stdout  # the summary
+    snap = json.loads(cli("status", "--json", timeout=60).stdout)
+    for t in snap["tasks"]:
+        assert (t["replicas"], t["global_step"]) == (4, 5 * (1437 // 64)), t
+    four = snap["tasks"][0]["metrics"]["val_accuracy"]
     assert four >= 0.90 and abs(four - accuracy(alone)) <= 0.02, (four, accuracy(alone))
-    w = [np.load(str(weights).replace("{task}", str(i))) for i in range(2)]
-    assert all(np.array_equal(w[0][k], w[1][k]) for k in w[0].files)  # the same model on both workers
+    assert "replicas in sync: 4 over 2 worker(s)" in cli("status", timeout=60).stdout
 
 
 def test_preempted_four_replica_run_resumes_at_the_step_it_saved(run):  # noqa: F811
@@ -170,10 +172,11 @@ def two_hosts(tmp_path_factory):
 
 
 def test_a_remote_task_gets_the_interface_of_its_address_as_nccl_socket_ifname(two_hosts, tmp_path):
-    from test_ssh import PY, SSHCli, write_spec
+    from test_ssh import PY, SSHCli
+    from test_ssh import write_spec as write_ssh_spec
 
     cli = SSHCli(tmp_path / "mgpu-home", tmp_path, two_hosts)
-    spec = write_spec(tmp_path, two_hosts.addresses, {"command": [PY, "-c", ENV_PROBE]},
+    spec = write_ssh_spec(tmp_path, two_hosts.addresses, {"command": [PY, "-c", ENV_PROBE]},
                       hosts=[{}, {"env": {"NCCL_SOCKET_IFNAME": "mine"}}])
     r = cli("up", spec, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -61,7 +61,9 @@ def summary(run: RunRecord, width: int = 80) -> Table:
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
-    table = fit(cols, rows, width, f"run {run.run_id}: {run.state}")
+    replicas = next((t.progress["replicas"] for t in run.tasks if (t.progress or {}).get("replicas")), None)
+    title = f"run {run.run_id}: {run.state}" + (f", {replicas} replicas in sync" if replicas else "")
+    table = fit(cols, rows, width, title)
     if not any(c.header == "metrics" for c in table.columns):  # no room beside the rest: below it
         shown = "\n".join(f"task {r[0]}: {r[5]}" for r in rows if r[5])
         table.caption = Text(shown) if shown else None
