@@ -55,6 +55,33 @@ def tf_config(
 
 
 @app.command()
+def render(
+    spec: Path = SpecArg,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the manifest here (default: stdout)."),
+):
+    """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
+    from launcher.errors import SpecError
+    from launcher.run.record import new_run_id
+    from launcher.specfile import load_spec
+
+    cluster = load_spec(spec)
+    if cluster.kubernetes is None:
+        raise SpecError(f"{spec} has no [kubernetes] table: 'render' writes a JobSet for Kubernetes; "
+                        "'mgpu-cluster up' runs [[hosts]] and [slurm] specs")
+    from launcher.engines.kubernetes import render as render_manifest
+
+    text = render_manifest(cluster, new_run_id())
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise SpecError(f"cannot write {output}: {exc.strerror or exc}") from None
+    typer.echo(f"wrote {output}; apply it with: kubectl apply -f {output}")
+
+
+@app.command()
 def schema():
     """Print the JSON Schema of cluster.toml (for editors)."""
     from launcher.spec import ClusterSpec

@@ -244,9 +244,63 @@ class Slurm(_Model):
         return env
 
 
+K8sName = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
+K8sQuantity = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+class Kubernetes(_Model):
+    """A Kubernetes cluster: a JobSet of `workers` pods, rendered by `mgpu-cluster render`."""
+
+    image: str
+    workers: PositiveInt
+    namespace: str = "default"
+    port: Port = 20000
+    gpus_per_worker: Annotated[int, Field(ge=0)] = 0  # the nvidia.com/gpu limit of each pod
+    python: str = "python3"
+    workdir: str = "/workspace"  # the container's working folder; run files in <workdir>/.mgpu/runs/<run-id>/
+    env: Optional[dict[str, str]] = None
+    cpu: Optional[str] = None  # each pod's CPU request and limit, e.g. "4"
+    memory: Optional[str] = None  # each pod's memory request and limit, e.g. "16Gi"
+    volume_claim: Optional[str] = None  # a PersistentVolumeClaim mounted at workdir/.mgpu: shared by every pod
+
+    @field_validator("namespace", "volume_claim")
+    @classmethod
+    def _name(cls, value):
+        if value is not None and not K8sName.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits and '-')")
+        return value
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, value):
+        if value is not None and not K8sQuantity.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity such as \"4\", \"500m\" or \"16Gi\"")
+        return value
+
+    @field_validator("image", "python", "workdir")
+    @classmethod
+    def _text(cls, value):
+        if not value.strip() or not _no_control(value):
+            raise ValueError("must be one line of text")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, value):
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path in the container")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env):
+        return HostOptions._env_names(env)
+
+
 class ClusterSpec(_Model):
     hosts: Optional[list[Host]] = Field(default=None, min_length=1)
     slurm: Optional[Slurm] = None
+    kubernetes: Optional[Kubernetes] = None
     defaults: HostOptions = HostOptions()
     training: Training
     launch: Launch = Launch()
@@ -254,18 +308,25 @@ class ClusterSpec(_Model):
 
     @model_validator(mode="after")
     def _one_engine(self):
-        """Exactly one of [[hosts]] (machines named here) and [slurm] (nodes Slurm picks)."""
-        if (self.hosts is None) == (self.slurm is None):
-            raise ValueError("set exactly one of [[hosts]] (the machines to train on, named here) or [slurm] "
-                             "(a Slurm cluster that picks the nodes); see cluster.example.toml and "
-                             "cluster.slurm.toml")
-        if self.slurm is not None:
-            for key, why in (("defaults", "set python and env in [slurm]"),
-                             ("sync", "[slurm].workdir is shared by every node already")):
+        """Exactly one of [[hosts]] (machines named here), [slurm] (nodes Slurm picks), [kubernetes]."""
+        if sum(x is not None for x in (self.hosts, self.slurm, self.kubernetes)) != 1:
+            raise ValueError("set exactly one of [[hosts]] (the machines to train on, named here), [slurm] "
+                             "(a Slurm cluster that picks the nodes) or [kubernetes] (a JobSet to apply); see "
+                             "cluster.example.toml, cluster.slurm.toml and cluster.k8s.toml")
+        table = "slurm" if self.slurm is not None else "kubernetes" if self.kubernetes is not None else None
+        if table is not None:
+            shared = ("[slurm].workdir is shared by every node already" if table == "slurm"
+                      else "put the files in the image, or on the volume_claim")
+            for key, why in (("defaults", f"set python and env in [{table}]"), ("sync", shared)):
                 if key in self.model_fields_set:
-                    raise ValueError(f"{key}: not used with [slurm] ({why})")
+                    raise ValueError(f"{key}: not used with [{table}] ({why})")
             if self.launch.min_hosts is not None:
-                raise ValueError("launch.min_hosts: elastic runs work with [[hosts]] only, not with [slurm]")
+                raise ValueError(f"launch.min_hosts: elastic runs work with [[hosts]] only, not with [{table}]")
+        k8s = self.kubernetes
+        if k8s is not None and k8s.workers > 1 and self.training.checkpoint_dir and not k8s.volume_claim:
+            raise ValueError("training.checkpoint_dir: with several pods it must be on storage every pod shares; "
+                             "set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at workdir/.mgpu) "
+                             "and put the checkpoint below it, or leave checkpoint_dir out (the run folder is used)")
         return self
 
     @model_validator(mode="after")
@@ -310,4 +371,6 @@ class ClusterSpec(_Model):
 
     @property
     def num_workers(self) -> int:
+        if self.kubernetes is not None:
+            return self.kubernetes.workers
         return self.slurm.nodes if self.slurm is not None else len(self.hosts)

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from launcher.errors import SpecError
-from launcher.spec import ClusterSpec, Host, HostOptions, Launch, Slurm, Training
+from launcher.spec import ClusterSpec, Host, HostOptions, Kubernetes, Launch, Slurm, Training
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +31,8 @@ def _where(loc: tuple) -> str:
     return out
 
 
-_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch, "slurm": Slurm}
+_SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "launch": Launch, "slurm": Slurm,
+             "kubernetes": Kubernetes}
 
 
 def _near_key(loc: tuple) -> str:

@@ -12,11 +12,12 @@ def cluster_addresses(spec: ClusterSpec) -> list[str]:
 
 def tf_config(spec: ClusterSpec, index: int) -> dict:
     """The TF_CONFIG of task `index`; task 0 is the chief."""
-    if spec.slurm is not None:
+    if spec.hosts is None:
         from launcher.errors import SpecError
 
-        raise SpecError("with [slurm], each task builds its TF_CONFIG when it starts, from the nodes Slurm gave "
-                        "the job (worker.task.slurm); 'mgpu-cluster up --dry-run' shows the batch script")
+        raise SpecError("with [slurm] or [kubernetes], each task builds its TF_CONFIG when it starts, from the "
+                        "nodes Slurm gave the job (worker.task.slurm) or the JobSet's host names (worker.task.pod); "
+                        "'mgpu-cluster up --dry-run' shows how")
     if not 0 <= index < spec.num_workers:
         raise IndexError(f"task {index} does not exist; the spec has tasks 0..{spec.num_workers - 1}")
     return {"cluster": {"worker": cluster_addresses(spec)}, "task": {"type": "worker", "index": index}}

@@ -19,7 +19,7 @@ from worker.protocol import RunState
 def refuse(checks) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
-        lines = "\n".join(f"  {c.plan.label}: {'; '.join(c.problems)}" for c in bad)
+        lines = "\n".join(f"  {c.label}: {'; '.join(c.problems)}" for c in bad)
         raise PreflightError(f"preflight refused the cluster, nothing was started:\n{lines}\n"
                              "Fix these (free the port, correct the spec or the host) and run again.")
 

@@ -12,6 +12,10 @@ def engine_for(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
         from launcher.engines.slurm import SlurmEngine
 
         return SlurmEngine(spec, run_id, only)
+    if spec.kubernetes is not None:
+        from launcher.engines.kubernetes import KubernetesEngine
+
+        return KubernetesEngine(spec, run_id, only)
     from launcher.engines.supervised import SupervisedEngine
 
     return SupervisedEngine(spec, run_id, only)

@@ -58,6 +58,7 @@ class TaskSetup:
     host: str = ""  # told in Started where the engine learns it only now (a scheduler's node)
     report_port: int = 0
     parent_death: int = signal.SIGTERM  # what the task gets if the core dies (Slurm: SIGKILL, it kills us so)
+    echo: bool = False  # the training's output also on our stdout (a pod's: what `kubectl logs` shows)
     notes: list[str] = field(default_factory=list)  # said before the start (the entry's own findings)
 
 
@@ -209,6 +210,11 @@ class TaskCore:
                 break
             self.log_write(chunk)
             self.lines.feed(chunk)
+            if self.setup.echo:
+                try:
+                    os.write(1, chunk)
+                except OSError:
+                    pass
         self.lines.close()
 
     def forward(self, final: bool = False) -> bool:
@@ -285,6 +291,17 @@ class TaskCore:
         self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
 
     # ---- stopping
+    def handle_signals(self, notice_ok=lambda: True) -> None:
+        """INT and HUP stop the task; TERM and USR1 are a notice (a host or scheduler taking the machine),
+        unless notice_ok() says otherwise (a scheduler ending a failed step)."""
+        def on_signal(signum, _frame):
+            name = signal.Signals(signum).name
+            notice = name if signum in (signal.SIGTERM, signal.SIGUSR1) and notice_ok() else ""
+            threading.Thread(target=self.stop, args=(name, notice), daemon=True).start()
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+
     def stop(self, reason: str, notice: str = "") -> None:
         """Stop the task: TERM to its group, KILL after grace. A `notice` (the signal's name: a host or
         scheduler taking the machine) gets preempt_grace, and the task's end is a preemption."""

@@ -175,13 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         core.prepare()
         return core.refuse(EXIT_SETUP, problem)
 
-    def on_signal(signum, _frame):
-        name = signal.Signals(signum).name
-        notice = name if signum in (signal.SIGTERM, signal.SIGUSR1) and not peer_failed(run, attempt) else ""
-        threading.Thread(target=core.stop, args=(name, notice), daemon=True).start()
-
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    core.handle_signals(notice_ok=lambda: not peer_failed(run, attempt))
     if args.lifeline:
         threading.Thread(target=watch_lifeline, args=(core, run / "launcher.alive", args.lifeline),
                          daemon=True).start()

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import select
-import signal
 import sys
 import threading
 import time
@@ -99,13 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                       preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace)
     sup = TaskCore(setup, PipeChannel())
 
-    def on_signal(signum, _frame):
-        name = signal.Signals(signum).name
-        notice = name if signum in (signal.SIGTERM, signal.SIGUSR1) else ""
-        threading.Thread(target=sup.stop, args=(name, notice), daemon=True).start()
-
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    sup.handle_signals()
     if not args.detach:
         threading.Thread(target=watch_stdin, args=(sup, args.lifeline), daemon=True).start()
     return sup.run()

@@ -1,0 +1,158 @@
+"""Kubernetes: the JobSet we render is checked against JobSet's published API models, and the pods'
+command and env, taken from the rendered file as they are, train together in two network namespaces
+whose /etc/hosts maps the JobSet's host names (what the cluster's DNS does); SIGTERM to a pod saves
+and exits 75. No API server can run here, so nothing is applied."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import IN_CI, REPO, wait_for
+
+sys.path.insert(0, str(REPO / "deploy"))
+from testhosts import TestHosts  # noqa: E402
+
+from launcher.engines.kubernetes import render  # noqa: E402
+from launcher.engines.kubernetes.render import manifest  # noqa: E402
+from launcher.engines.kubernetes.validate import ManifestError, validate  # noqa: E402
+from launcher.specfile import load_spec, parse_spec  # noqa: E402
+
+PY = sys.executable
+RUN = "20261124-120000-abcd"
+
+
+def gpu_spec():
+    return parse_spec({"kubernetes": {"image": "registry/x:1", "workers": 4, "gpus_per_worker": 8, "cpu": "32",
+                                      "memory": "200Gi", "volume_claim": "runs", "namespace": "ml"},
+                       "training": {"command": ["python3", "train.py"], "checkpoint_dir": "/workspace/.mgpu/ck"},
+                       "launch": {"max_restarts": 3, "preempt_grace": 120}})
+
+
+@pytest.mark.parametrize("spec", [lambda: load_spec(REPO / "cluster.k8s.toml"), gpu_spec], ids=["example", "gpu"])
+def test_rendered_jobsets_round_trip_through_jobsets_models(spec):
+    cluster = spec()
+    m = manifest(cluster, RUN)
+    assert validate(json.loads(json.dumps(m))) == m  # unchanged: no unknown or ill-typed field anywhere
+    job = m["spec"]["replicatedJobs"][0]["template"]["spec"]
+    workers, launch = cluster.kubernetes.workers, cluster.launch
+    assert (job["completionMode"], job["completions"], job["parallelism"], job["backoffLimit"]) == (
+        "Indexed", workers, workers, 0)
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= launch.preempt_grace
+    assert m["spec"]["network"]["enableDNSHostnames"] is True
+    assert m["spec"]["successPolicy"]["operator"] == "All"
+    policy = m["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == launch.max_restarts and policy["rules"][0]["action"] == \
+        "RestartJobSetAndIgnoreMaxRestarts"  # a preemption (exit 75) restarts without counting
+    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [75]
+    env = pod["containers"][0]["env"]
+    assert all(set(e) == {"name", "value"} for e in env)  # no downward API: the command carries the rest
+    limits = pod["containers"][0].get("resources", {}).get("limits", {})
+    assert limits.get("nvidia.com/gpu") == (str(cluster.kubernetes.gpus_per_worker) if
+                                            cluster.kubernetes.gpus_per_worker else None)
+
+
+def test_a_field_jobset_does_not_know_is_refused():
+    m = manifest(load_spec(REPO / "cluster.k8s.toml"), RUN)
+    m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "x"
+    with pytest.raises(ManifestError, match="imagePullPolcy"):
+        validate(m)
+
+
+def test_render_and_check_from_the_cli(cli, tmp_path):
+    out = tmp_path / "jobset.yaml"
+    r = cli("render", REPO / "cluster.k8s.toml", "-o", out, timeout=60)
+    assert r.returncode == 0 and "kubectl apply -f" in r.stdout, r.stderr
+    assert yaml.safe_load(out.read_text())["kind"] == "JobSet"
+    dry = cli("up", "--dry-run", REPO / "cluster.k8s.toml", timeout=60)
+    assert dry.returncode == 0 and "kind: JobSet" in dry.stdout
+    for args in (["check", REPO / "cluster.k8s.toml"], ["render", REPO / "cluster.example.toml"]):
+        r = cli(*args, timeout=60)
+        assert r.returncode == 2 and ("kubectl apply" in r.stderr or "[kubernetes]" in r.stderr), r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def pods_hosts(tmp_path_factory):
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("needs root to make network namespaces (only outside CI=true)")
+    hosts = TestHosts(2, tmp_path_factory.mktemp("k8shosts"))
+    try:
+        hosts.up()
+        yield hosts
+    finally:
+        hosts.down()
+
+
+def pods(hosts, tmp_path: Path, training: dict) -> list[tuple[list[str], dict, str]]:
+    """Each pod's (command, env, namespace) from the rendered manifest, its host names in /etc/netns."""
+    spec = parse_spec({"kubernetes": {"image": "unused", "workers": 2, "python": PY, "port": 20000,
+                                      "workdir": str(tmp_path / "pods")},
+                       "training": training, "launch": {"preempt_grace": 30}})
+    rendered = tmp_path / "jobset.yaml"
+    rendered.write_text(render(spec, RUN))  # what `mgpu-cluster render -o` writes
+    m = yaml.safe_load(rendered.read_text())
+    container = m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    name = m["metadata"]["name"]
+    lines = "".join(f"{h.address} {name}-worker-0-{i}.{name} {name}-worker-0-{i}\n" for i, h in enumerate(hosts.hosts))
+    for h in hosts.hosts:
+        folder = Path("/etc/netns") / h.netns
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text("127.0.0.1 localhost\n" + lines)
+    return [(container["command"], {**env, "JOB_COMPLETION_INDEX": str(i)}, h.netns) for i, h in enumerate(hosts.hosts)]
+
+
+def start(pod) -> subprocess.Popen:
+    command, env, netns = pod
+    return subprocess.Popen(["ip", "netns", "exec", netns, *command], env={**os.environ, **env}, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture
+def netns_hosts_files(pods_hosts):
+    yield pods_hosts
+    for h in pods_hosts.hosts:
+        shutil.rmtree(Path("/etc/netns") / h.netns, ignore_errors=True)
+
+
+def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_path):
+    procs = [start(p) for p in pods(netns_hosts_files, tmp_path, {
+        "entrypoint": "worker.examples.digits:task", "epochs": 2, "batch_size_per_replica": 32})]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "2 replica(s) in sync" in outs[0] and "val_accuracy" in outs[1], outs
+    for i in (0, 1):
+        events = (tmp_path / "pods" / ".mgpu" / "runs" / RUN / f"task-{i}" / "events-0.jsonl").read_text()
+        assert '"event": "started"' in events and '"code": 0' in events
+
+
+def test_sigterm_to_a_pod_saves_and_exits_75(netns_hosts_files, tmp_path):
+    ckpt = tmp_path / "pods" / ".mgpu" / "runs" / RUN / "checkpoint"  # the run folder's (here every pod sees it)
+    procs = [start(p) for p in pods(netns_hosts_files, tmp_path, {
+        "entrypoint": "worker.examples.digits:task", "epochs": 500})]
+    try:
+        task = tmp_path / "pods" / ".mgpu" / "runs" / RUN
+        wait_for(lambda: all(json.loads((task / f"task-{i}" / "progress.json").read_text() or "{}")
+                             .get("global_step", 0) > 2 for i in (0, 1)) if all(
+            (task / f"task-{i}" / "progress.json").exists() for i in (0, 1)) else False, 240, "both pods training")
+        procs[1].send_signal(signal.SIGTERM)  # a node drain: the pod's core gets the notice
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[1].returncode == 75, outs[1]
+    assert "saved a checkpoint" in outs[1] and list(ckpt.iterdir()), outs[1]
+    time.sleep(0.1)

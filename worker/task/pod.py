@@ -1,0 +1,67 @@
+"""The on-host entry of Kubernetes pods (a JobSet rendered by `mgpu-cluster render`); no TensorFlow here.
+
+    python -m worker.task.pod --run-dir RUN --hosts PATTERN --workers N --port P [--grace S]
+                              [--preempt-grace S] -- PROGRAM ARGS...
+
+Its rank is Kubernetes' JOB_COMPLETION_INDEX; the cluster's workers are PATTERN.format(i=0..N-1) (the
+JobSet's stable host names) at port P; the one builder (worker.task.env) makes TF_CONFIG. The task
+core runs PROGRAM with its records in RUN/task-<rank>/events-<attempt>.jsonl. SIGTERM (a node drain,
+a spot reclaim, a JobSet restart) is a notice: the group saves at one agreed step and exits 75.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from worker.task.channel import FileChannel
+from worker.task.core import GRACE_S, TaskCore, TaskSetup
+from worker.task.env import endpoint, task_environment
+
+EXIT_SETUP = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.task.pod", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder (shared storage, or the pod's)")
+    parser.add_argument("--hosts", required=True, help="the workers' host names, with {i} for the index")
+    parser.add_argument("--workers", required=True, type=int)
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--grace", type=float, default=GRACE_S)
+    parser.add_argument("--preempt-grace", type=float, default=None)
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        parser.error("give the program to run after --")
+    index = os.environ.get("JOB_COMPLETION_INDEX", "")
+    if not index.isdigit() or not 0 <= int(index) < args.workers:
+        print(f"mgpu pod: JOB_COMPLETION_INDEX is {index!r}, not one of 0..{args.workers - 1}: this command runs "
+              "in the pods of an Indexed Job (the JobSet that 'mgpu-cluster render' writes)", file=sys.stderr)
+        return EXIT_SETUP
+    rank, task_dir = int(index), args.run_dir / f"task-{index}"
+    try:
+        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        pass  # the core reports what it cannot write
+    attempt = len(list(task_dir.glob("events-*.jsonl")))  # a JobSet restart starts the pod afresh
+    workers = [endpoint(args.hosts.format(i=i), args.port) for i in range(args.workers)]
+    env = task_environment({}, workers, rank, os.environ.get("MGPU_RUN_ID", ""), str(task_dir))
+    setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=env, port=args.port,
+                      grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
+                      host=args.hosts.format(i=rank).split(".")[0], report_port=args.port, echo=True)
+    core = TaskCore(setup, FileChannel(task_dir / f"events-{attempt}.jsonl"))
+
+    core.handle_signals()
+    code = core.run()
+    # the notice was a preemption whether or not the task managed to save: the JobSet's rule restarts on 75
+    return 75 if core.notice and code != 0 else code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
