@@ -113,6 +113,23 @@ def test_device_verdicts_are_pure_functions():
         {0: "eth0"}
 
 
+def test_spec_passes_local_replicas_and_collective_to_the_worker():
+    from launcher.errors import SpecError
+    from launcher.plan import worker_argv
+    from launcher.specfile import parse_spec
+
+    hosts = [{"address": "localhost", "port": 20000}]
+    spec = parse_spec({"hosts": hosts, "training": {"entrypoint": "m:f", "local_replicas": 2, "collective": "ring"}})
+    argv = worker_argv(spec, "python3")
+    assert argv[argv.index("--local-replicas") + 1] == "2" and argv[argv.index("--communication") + 1] == "ring"
+    assert "--local-replicas" not in worker_argv(parse_spec({"hosts": hosts, "training": {"entrypoint": "m:f"}}), "p")
+    for bad, words in (({"entrypoint": "m:f", "collective": "mpi"}, "'auto', 'ring' or 'nccl'"),
+                       ({"entrypoint": "m:f", "local_replicas": 0}, "local_replicas"),
+                       ({"command": ["x"], "local_replicas": 2}, "settings of the built-in runner")):
+        with pytest.raises(SpecError, match=words):
+            parse_spec({"hosts": hosts, "training": bad})
+
+
 SPEC = """[[hosts]]
 address = "localhost"
 port = {p0}
