@@ -130,6 +130,15 @@ def test_spec_passes_local_replicas_and_collective_to_the_worker():
             parse_spec({"hosts": hosts, "training": bad})
 
 
+def test_gpu_memory_grows_unless_an_allocator_or_a_value_is_given():
+    from worker.replicas import allow_gpu_growth
+
+    for env, expected in (({}, "true"), ({"TF_FORCE_GPU_ALLOW_GROWTH": "false"}, "false"),
+                          ({"TF_GPU_ALLOCATOR": "cuda_malloc_async"}, None)):
+        allow_gpu_growth(env)
+        assert env.get("TF_FORCE_GPU_ALLOW_GROWTH") == expected, env
+
+
 SPEC = """[[hosts]]
 address = "localhost"
 port = {p0}
