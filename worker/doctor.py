@@ -18,6 +18,7 @@ from importlib.machinery import PathFinder
 
 from worker.devices import gpu_indices, interface_for, task_devices
 from worker.mesh import mesh
+from worker.task.host import Ports
 
 
 def version(dist: str) -> str | None:
@@ -29,49 +30,6 @@ def version(dist: str) -> str | None:
 
 def versions() -> dict:
     return {"python": platform.python_version(), "tensorflow": version("tensorflow"), "tf-keras": version("tf-keras")}
-
-
-def bind_error(port: int) -> str | None:
-    """Why `port` cannot be taken on every address as TensorFlow's gRPC takes it, or None when free."""
-    dual = socket.has_dualstack_ipv6()
-    with socket.socket(socket.AF_INET6 if dual else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT does not stop TensorFlow either
-        if dual:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        try:
-            s.bind(("::" if dual else "", port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
-
-
-class Ports:
-    """Port holders; the (slow) list of listening sockets is read once, at the first busy port."""
-
-    def __init__(self):
-        self.listeners: dict[int, int | None] | None = None
-
-    def holder(self, port: int) -> dict | None:
-        err = bind_error(port)
-        if err is None:
-            return None
-        import psutil  # here: a host whose ports are free never needs it
-
-        if self.listeners is None:
-            try:
-                conns = psutil.net_connections(kind="inet")
-            except psutil.AccessDenied:
-                conns = []
-            self.listeners = {c.laddr.port: c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
-        if port not in self.listeners:
-            return {"pid": None, "name": None, "cmdline": f"bind failed: {err}"}
-        holder = {"pid": self.listeners[port], "name": None, "cmdline": None}
-        try:
-            p = psutil.Process(holder["pid"])
-            holder.update(name=p.name(), cmdline=" ".join(p.cmdline()))
-        except (psutil.Error, TypeError, ValueError):
-            pass
-        return holder
 
 
 def find_module(name: str, path: list[str]):

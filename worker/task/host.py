@@ -3,7 +3,6 @@ free space. Standard library only at import (psutil is imported where it is used
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -12,26 +11,57 @@ from pathlib import Path
 from typing import Callable
 
 
+def bind_error(port: int) -> str | None:
+    """Why `port` cannot be taken on every address as TensorFlow's gRPC takes it, or None when free."""
+    dual = socket.has_dualstack_ipv6()
+    with socket.socket(socket.AF_INET6 if dual else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT does not stop TensorFlow either
+        if dual:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            s.bind(("::" if dual else "", port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+class Ports:
+    """Port holders; the (slow) list of listening sockets is read once, at the first busy port."""
+
+    def __init__(self):
+        self.listeners: dict[int, int | None] | None = None
+
+    def holder(self, port: int) -> dict | None:
+        err = bind_error(port)
+        if err is None:
+            return None
+        import psutil  # here: a host whose ports are free never needs it
+
+        if self.listeners is None:
+            try:
+                conns = psutil.net_connections(kind="inet")
+            except psutil.AccessDenied:
+                conns = []
+            self.listeners = {c.laddr.port: c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
+        if port not in self.listeners:
+            return {"pid": None, "name": None, "cmdline": f"bind failed: {err}"}
+        holder = {"pid": self.listeners[port], "name": None, "cmdline": None}
+        try:
+            p = psutil.Process(holder["pid"])
+            holder.update(name=p.name(), cmdline=" ".join(p.cmdline()))
+        except (psutil.Error, TypeError, ValueError):
+            pass
+        return holder
+
+
 def port_holder(port: int) -> str | None:
     """Who listens on `port` here ('pid 12 (python3: python3 serve.py)'), or None when it is free."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no holder
-        try:
-            s.bind(("0.0.0.0", port))
-            return None
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                return None
-    try:
-        import psutil
-
-        for c in psutil.net_connections(kind="tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                p = psutil.Process(c.pid)
-                return f"pid {c.pid} ({p.name()}: {' '.join(p.cmdline())[:200]})"
-    except Exception:  # holder unknown (another user's process): the port is still taken
-        pass
-    return "another process"
+    found = Ports().holder(port)
+    if found is None:
+        return None
+    if found["pid"] is None:
+        return f"another process ({found['cmdline']})"
+    return f"pid {found['pid']} ({found['name'] or '?'}: {(found['cmdline'] or '')[:200]})"
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
