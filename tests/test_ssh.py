@@ -616,11 +616,12 @@ def test_jump_host_from_ssh_config(th, tmp_path):
 
 @needs_root
 def test_elastic_run_goes_on_with_fewer_hosts_after_one_is_lost(cli, th, tmp_path):
-    """min_hosts = 2 of 3: one host crashed and kept down mid-run; the run resumes on the two left."""
+    """min_hosts = 2 of 3: one host crashed and kept down mid-run; the run resumes on the two left, and
+    rescales by the total replicas (2 local replicas each: 6 in sync, then 4)."""
     victim = 2
     spec = write_spec(tmp_path, th.addresses[:3], {"command": [
         PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "4",
-        "--steps-per-epoch", "40", "--batch-size-per-replica", "16"]},
+        "--steps-per-epoch", "40", "--batch-size-per-replica", "16", "--local-replicas", "2"]},
         launch={"min_hosts": 2, "heartbeat_timeout": 120}, defaults={"env": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
 
     def in_epoch_2():
@@ -637,6 +638,9 @@ def test_elastic_run_goes_on_with_fewer_hosts_after_one_is_lost(cli, th, tmp_pat
     finally:
         th.revive(victim)
     assert f"task {victim} ({th.addresses[victim]}:{PORT}) is left out" in out and "going on with 2 task(s)" in out
+    assert "6 replica(s) in sync, global batch 96 (16/replica)" in out, out  # 3 workers x 2 local replicas
+    after = out[out.index("going on with 2 task(s)"):]
+    assert "4 replica(s) in sync, global batch 64 (16/replica)" in after, out  # rescaled by the total
     snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["hosts_lost"] == [victim], snap
     assert snap["tasks"][victim]["state"] == "lost"
