@@ -21,11 +21,20 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _no_nul(value, what: str):
-    """A NUL cannot reach a process (not in an argument, nor in the environment): refused here, by name."""
-    if isinstance(value, str) and "\x00" in value:
-        raise ValueError(f"{what} holds a NUL character (\\x00), which no program can be given; remove it")
-    return value
+def nul_at(data, where: str = "") -> str | None:
+    """The key path of the first string (key or value) in `data` that holds a NUL, or None. A NUL reaches
+    no process (not in an argument, a path, nor the environment), so no spec value may hold one."""
+    if isinstance(data, str):
+        return where if "\x00" in data else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        path = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return path
+        found = nul_at(value, path)
+        if found is not None:
+            return found
+    return None
 
 
 class HostOptions(_Model):
@@ -54,10 +63,9 @@ class HostOptions(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env):
-        for key, value in (env or {}).items():
+        for key in env or {}:
             if not EnvName.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            _no_nul(value, f"the value of {key}")
         return env
 
     @field_validator("name", "user", "python", "workdir", "identity_file")
@@ -65,7 +73,9 @@ class HostOptions(_Model):
     def _not_empty(cls, value):
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
-        return _no_nul(value, "it")
+        if value is not None and not _no_control(value):
+            raise ValueError(f"{value!r} holds a control character; it must be one line of plain text")
+        return value
 
 
 class Host(HostOptions):
@@ -75,8 +85,8 @@ class Host(HostOptions):
     @field_validator("address")
     @classmethod
     def _address(cls, value):
-        if not value.strip() or any(c.isspace() for c in value):
-            raise ValueError("must be a host name or IP address without spaces")
+        if not value.strip() or any(c.isspace() for c in value) or not _no_control(value):
+            raise ValueError("must be a host name or IP address without spaces or control characters")
         return value
 
     @property
@@ -112,13 +122,6 @@ class Training(_Model):
     # replicas per worker: on a CPU host, logical CPU devices (None: one; GPU hosts: one per visible GPU)
     local_replicas: Optional[PositiveInt] = None
     collective: Annotated[Collective, Field(strict=False)] = Collective.AUTO  # all-reduce between workers
-
-    @field_validator("command", "checkpoint_dir", "tensorboard")
-    @classmethod
-    def _plain(cls, value):
-        for item in value if isinstance(value, list) else [value]:
-            _no_nul(item, "an argument" if isinstance(value, list) else "it")
-        return value
 
     @field_validator("entrypoint")
     @classmethod
@@ -237,10 +240,9 @@ class Slurm(_Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env):
-        for key, value in (env or {}).items():
+        for key in env or {}:
             if not EnvName.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            _no_nul(value, f"the value of {key}")
         return env
 
 
@@ -305,6 +307,16 @@ class ClusterSpec(_Model):
     training: Training
     launch: Launch = Launch()
     sync: list[str] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data):
+        where = nul_at(data)
+        if where is not None:
+            where = where.replace("\x00", "\\x00")  # a key may hold it too
+            raise ValueError(f"{where}: holds a NUL character (\\x00), which no program can be given (not in an "
+                             "argument, a path nor the environment); remove it")
+        return data
 
     @model_validator(mode="after")
     def _one_engine(self):

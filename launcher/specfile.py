@@ -88,7 +88,7 @@ def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
     spec = parse_spec(data, str(path))
     if spec.hosts is None:
         return spec
-    root = (base or path.parent).resolve()
+    root = base.resolve() if base else path.resolve().parent  # as the record keeps it (symlinks resolved)
     hosts = [h.model_copy(update={"workdir": str(root / h.workdir)}) if h.is_local and h.workdir
              and not h.workdir.startswith(("/", "~")) else h for h in spec.hosts]
     return spec.model_copy(update={"hosts": hosts})

@@ -43,7 +43,7 @@ def typed(progress: Any) -> dict:
     if state is not None:
         out["state"] = str(state)
     metrics = progress.get("metrics")
-    if isinstance(metrics, dict):
+    if isinstance(metrics, dict):  # names shown on a terminal: no control characters (escape sequences)
         out["metrics"] = {str(k)[:MAX_NAME]: _real(v) for k, v in list(metrics.items())[:MAX_METRICS]
-                          if _real(v) is not None}
+                          if _real(v) is not None and str(k).isprintable()}
     return out
