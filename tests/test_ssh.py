@@ -529,6 +529,38 @@ def test_sync_keeps_private_files_private_while_it_copies(cli, th, tmp_path):
 
 
 @needs_root
+def test_sync_gives_folders_their_local_mode_and_borrows_none_above_the_workdir(cli, th, tmp_path):
+    """A workdir that sync makes below a world-writable sticky folder (as /tmp) is not made world-writable
+    (the workdir and its parents are the host's own, not copies of the spec folder's parents); a synced
+    folder that exists takes its local mode; a file made private locally since the last sync (unchanged
+    otherwise) is made private on the host."""
+    sticky = Path(f"/tmp/mgpu-sticky-{os.getpid()}")
+    try:
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        proj, wd = sticky / "proj", sticky / "made" / "deep" / "wd"  # not there yet: sync makes them
+        (proj / "private").mkdir(parents=True)
+        (proj / "private").chmod(0o755)
+        (proj / "private" / "key.txt").write_text("secret")
+        (proj / "private" / "key.txt").chmod(0o644)
+        spec = write_spec(tmp_path, th.addresses[:1], {"command": ["true"]}, top={"sync": ["private"]},
+                          defaults={"workdir": str(wd)}, folder=proj)
+        r = cli("check", spec, timeout=120)
+        assert r.returncode == 0 and "1 file(s) copied" in r.stdout, r.stdout + r.stderr
+        for made in (sticky / "made", sticky / "made" / "deep", wd):
+            assert not made.stat().st_mode & 0o7002, f"{made} is {oct(made.stat().st_mode)}"
+        assert oct((wd / "private").stat().st_mode & 0o7777) == "0o755"
+        (proj / "private").chmod(0o700)
+        (proj / "private" / "key.txt").chmod(0o600)
+        r = cli("check", spec, timeout=120)
+        assert r.returncode == 0 and "0 file(s) copied (0.0 MB), 1 unchanged" in r.stdout, r.stdout + r.stderr
+        assert oct((wd / "private").stat().st_mode & 0o7777) == "0o700"
+        assert oct((wd / "private" / "key.txt").stat().st_mode & 0o777) == "0o600"
+    finally:
+        shutil.rmtree(sticky, ignore_errors=True)
+
+
+@needs_root
 def test_sync_copies_to_each_workdir_and_skips_unchanged(cli, th, tmp_path):
     proj = tmp_path / "proj"
     (proj / "data" / "sub").mkdir(parents=True)
