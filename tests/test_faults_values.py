@@ -149,9 +149,18 @@ def test_a_program_that_is_not_executable_is_refused_by_check(cli, tmp_path):
     prog = tmp_path / "train.sh"
     prog.write_text("#!/bin/sh\necho hi\n")
     prog.chmod(0o644)
-    spec = write_spec(tmp_path, f"command = [{json.dumps(str(prog))}]", n=1)
-    r = cli("check", spec, timeout=60)
-    assert r.returncode == 2 and "is not executable" in r.stdout + r.stderr and no_traceback(r), r.stdout + r.stderr
+    bin_dir = tmp_path / "bin"  # a program named without a folder, found on PATH but not executable
+    bin_dir.mkdir()
+    (bin_dir / "mgpu-train-here").write_text("#!/bin/sh\necho hi\n")
+    cli.env["PATH"] = f"{bin_dir}:{cli.env['PATH']}"
+    for program, needle in ((str(prog), f"program {prog} is not executable"),
+                            ("mgpu-train-here", f"program {bin_dir}/mgpu-train-here (found on PATH) is not executable"),
+                            (str(tmp_path), f"program {tmp_path} is a folder")):
+        spec = write_spec(tmp_path, f"command = [{json.dumps(program)}]", n=1)
+        for verb in ("check", "up"):
+            r = cli(verb, spec, timeout=60)
+            assert r.returncode == 2 and needle in r.stdout + r.stderr and no_traceback(r), r.stdout + r.stderr
+    assert not (cli.home / "runs").exists() or not list((cli.home / "runs").glob("*/hosts/*/task-*/worker.log"))
 
 
 def test_status_of_a_killed_launchers_run_never_says_alive_even_30_at_once(cli, tmp_path):

@@ -82,8 +82,13 @@ def program_problem(program: str, cwd: str) -> str | None:
     if "/" not in program:
         if shutil.which(program):
             return None
+        found = shutil.which(program, mode=os.F_OK)  # there, but not executable
+        if found:
+            return f"program {found} (found on PATH) is not executable: chmod +x it, or run it through its interpreter"
         return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
     path = os.path.join(cwd, program)
+    if os.path.isdir(path):
+        return f"program {path} is a folder, not a program"
     if not os.path.isfile(path):
         return f"program {program!r} does not exist (looked for {path})"
     if not os.access(path, os.X_OK):
