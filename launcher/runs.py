@@ -1,7 +1,8 @@
 """`status`, `logs` and `down`: recorded runs, read from their record and, when needed, their hosts.
 
-While a run's launcher lives (it holds the run's lock) its record is fresh and is trusted. When
-the launcher is gone before recording an end, the hosts are asked, and what they say is recorded.
+While a run's launcher lives (its pid, started at its recorded time) its record is fresh and is
+trusted. When the launcher is gone before recording an end, the hosts are asked, and what they say
+is recorded (under the run's lock, which says who writes the record, not whether a launcher lives).
 """
 
 from __future__ import annotations

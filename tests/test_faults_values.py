@@ -177,3 +177,6 @@ def test_status_of_a_killed_launchers_run_never_says_alive_even_30_at_once(cli, 
         snap = json.loads(r.stdout)
         assert snap["launcher_alive"] is False and snap["state"] != "running", snap
     assert not wait_gone(cli.home, 30)  # the tasks' lifeline stopped them
+    settled = json.loads(cli("status", "--json", timeout=60).stdout)
+    assert settled["state"] == "lost" and settled["failure"]["kind"] == "lost", settled
+    assert latest_state(cli)["state"] == "lost"  # recorded by the status that found every task stopped

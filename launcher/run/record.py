@@ -210,16 +210,6 @@ class Lock:
             os.close(self.fd)
             self.fd = None
 
-    def held_elsewhere(self) -> bool:
-        if self.fd is not None:
-            return False
-        if not self.path.exists():
-            return False
-        if self.acquire():
-            self.release()
-            return False
-        return True
-
 
 def run_lock(run_id: str) -> Lock:
     return Lock(run_path(run_id) / "run.lock")
