@@ -73,6 +73,11 @@ class HostOptions(_Model):
     def _not_empty(cls, value):
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator("name", "user")
+    @classmethod
+    def _one_line(cls, value):  # shown in every line of output (paths may hold any character but NUL)
         if value is not None and not _no_control(value):
             raise ValueError(f"{value!r} holds a control character; it must be one line of plain text")
         return value
