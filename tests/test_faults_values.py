@@ -4,7 +4,9 @@ dead launcher's run asked about 30 times at once. Exit codes and one paragraph, 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -172,6 +174,13 @@ def test_status_of_a_killed_launchers_run_never_says_alive_even_30_at_once(cli, 
              10, "the launcher gone")
     with ThreadPoolExecutor(30) as pool:
         answers = list(pool.map(lambda _: cli("status", "--json", timeout=120), range(30)))
+    # and while one of them settles the run (holding the run's lock, as a `status` probing slow hosts would)
+    fd = os.open(cli.home / "runs" / st["run_id"] / "run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        answers += [cli("status", "--json", timeout=120) for _ in range(3)]
+    finally:
+        os.close(fd)
     for r in answers:
         assert r.returncode == 0 and no_traceback(r), r.stdout + r.stderr
         snap = json.loads(r.stdout)
