@@ -253,6 +253,10 @@ class Slurm(_Model):
 
 K8sName = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
 K8sQuantity = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+# [launch] keys that mean nothing to a JobSet, and why
+K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
+                  **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
+                  "max_preemptions": "JobSet restarts a preempted group without counting or limit"}
 
 
 class Kubernetes(_Model):
@@ -286,15 +290,10 @@ class Kubernetes(_Model):
 
     @field_validator("image", "python", "workdir")
     @classmethod
-    def _text(cls, value):
+    def _text(cls, value, info):
         if not value.strip() or not _no_control(value):
             raise ValueError("must be one line of text")
-        return value
-
-    @field_validator("workdir")
-    @classmethod
-    def _absolute(cls, value):
-        if not value.startswith("/"):
+        if info.field_name == "workdir" and not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path in the container")
         return value
 
@@ -340,6 +339,8 @@ class ClusterSpec(_Model):
             if self.launch.min_hosts is not None:
                 raise ValueError(f"launch.min_hosts: elastic runs work with [[hosts]] only, not with [{table}]")
         k8s = self.kubernetes
+        for key in sorted(self.launch.model_fields_set & set(K8S_NOT_LAUNCH)) if k8s is not None else ():
+            raise ValueError(f"launch.{key}: not used with [kubernetes] ({K8S_NOT_LAUNCH[key]})")
         if k8s is not None and k8s.workers > 1 and self.training.checkpoint_dir and not k8s.volume_claim:
             raise ValueError("training.checkpoint_dir: with several pods it must be on storage every pod shares; "
                              "set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at workdir/.mgpu) "

@@ -5,13 +5,13 @@ and exits 75. No API server can run here, so nothing is applied."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ from testhosts import TestHosts  # noqa: E402
 from launcher.engines.kubernetes import render  # noqa: E402
 from launcher.engines.kubernetes.render import manifest  # noqa: E402
 from launcher.engines.kubernetes.validate import ManifestError, validate  # noqa: E402
+from launcher.errors import SpecError  # noqa: E402
 from launcher.specfile import load_spec, parse_spec  # noqa: E402
 
 PY = sys.executable
@@ -54,7 +55,9 @@ def test_rendered_jobsets_round_trip_through_jobsets_models(spec):
     policy = m["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == launch.max_restarts and policy["rules"][0]["action"] == \
         "RestartJobSetAndIgnoreMaxRestarts"  # a preemption (exit 75) restarts without counting
-    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [75]
+    rules = job["podFailurePolicy"]["rules"]  # each fails the Job with reason PodFailurePolicy (the rule above)
+    assert rules[0]["onExitCodes"]["values"] == [75] and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
+    assert policy["rules"][0]["onJobFailureReasons"] == ["PodFailurePolicy"]
     env = pod["containers"][0]["env"]
     assert all(set(e) == {"name", "value"} for e in env)  # no downward API: the command carries the rest
     limits = pod["containers"][0].get("resources", {}).get("limits", {})
@@ -62,11 +65,45 @@ def test_rendered_jobsets_round_trip_through_jobsets_models(spec):
                                             cluster.kubernetes.gpus_per_worker else None)
 
 
-def test_a_field_jobset_does_not_know_is_refused():
+def _job(m):
+    return m["spec"]["replicatedJobs"][0]["template"]["spec"]
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda m: _job(m)["template"]["spec"]["containers"][0].update(imagePullPolcy="x"), "imagePullPolcy"),
+    (lambda m: _job(m).update(completions="2"), "completions"),
+    (lambda m: m["spec"]["failurePolicy"]["rules"][0].update(action="RestartJobSetIgnoreMaxRestarts"),
+     "RestartJobSetAndIgnoreMaxRestarts"),  # a value outside those the model's description lists
+    (lambda m: m["spec"]["failurePolicy"]["rules"][0].update(name="pre-empted"), "regular|match"),
+    (lambda m: _job(m)["podFailurePolicy"]["rules"][0].update(action="Fail"), "FailJob"),
+    (lambda m: _job(m)["template"]["spec"].update(restartPolicy="Nevr"), "restartPolicy"),
+], ids=["unknown-field", "wrong-type", "jobset-action", "rule-name", "pod-failure-action", "restart-policy"])
+def test_what_jobset_does_not_take_is_refused(change, named):
     m = manifest(load_spec(REPO / "cluster.k8s.toml"), RUN)
-    m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "x"
-    with pytest.raises(ManifestError, match="imagePullPolcy"):
+    change(m)
+    with pytest.raises(ManifestError, match=named):
         validate(m)
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"hosts": [{"address": "localhost", "port": 20000}]}, "exactly one of"),
+    ({"defaults": {"python": "python3"}}, "defaults"),
+    ({"sync": {}}, "sync"),
+    ({"launch": {"min_hosts": 1}}, "launch.min_hosts"),
+    ({"launch": {"accept_new_host_keys": True}}, "launch.accept_new_host_keys"),
+    ({"launch": {"heartbeat_timeout": 30.0}}, "launch.heartbeat_timeout"),
+    ({"launch": {"max_preemptions": 3}}, "launch.max_preemptions"),
+    ({"training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": "/ck"}}, "volume_claim"),
+    ({"kubernetes": {"image": "x", "workers": 2, "workdir": "rel"}}, "kubernetes.workdir"),
+    ({"kubernetes": {"image": "x", "workers": 2, "namespace": "ML"}}, "kubernetes.namespace"),
+    ({"kubernetes": {"image": "x", "workers": 2, "memory": "16GB"}}, "kubernetes.memory"),
+    ({"kubernetes": {"workers": 2}}, "kubernetes.image"),
+])
+def test_keys_that_mean_nothing_to_a_jobset_are_refused_by_name(extra, named):
+    base = {"kubernetes": {"image": "x", "workers": 2}, "training": {"entrypoint": "worker.examples.digits:task"}}
+    assert parse_spec(base).num_workers == 2  # the spec without the extra is fine
+    with pytest.raises(SpecError, match=named):
+        parse_spec({**base, **extra})
 
 
 def test_render_and_check_from_the_cli(cli, tmp_path):
@@ -80,6 +117,32 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
         r = cli(*args, timeout=60)
         assert r.returncode == 2 and ("kubectl apply" in r.stderr or "[kubernetes]" in r.stderr), r.stderr
         assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(tmp_path):
+    """The rendered command and env as they are, with Kubernetes' JOB_COMPLETION_INDEX: TF_CONFIG names the
+    JobSet's hosts, the task folder and its records are written, and a value of [kubernetes].env wins."""
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (
+        ["TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL"],)
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 3, "python": PY, "port": 20001,
+                                      "workdir": str(tmp_path), "env": {"TF_USE_LEGACY_KERAS": "0"}},
+                       "training": {"command": [PY, "-c", show]}})
+    m = yaml.safe_load(render(spec, RUN))
+    container = _job(m)["template"]["spec"]["containers"][0]
+    env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, "JOB_COMPLETION_INDEX": "2"}
+    r = subprocess.run(container["command"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    name, task = m["metadata"]["name"], tmp_path / ".mgpu" / "runs" / RUN / "task-2"
+    assert json.loads(seen["TF_CONFIG"]) == {"cluster": {"worker": [f"{name}-worker-0-{i}.{name}:20001" for i in range(3)]},
+                                             "task": {"type": "worker", "index": 2}}
+    assert (seen["MGPU_TASK_INDEX"], seen["MGPU_RUN_DIR"], seen["MGPU_RUN_ID"]) == ("2", str(task), RUN)
+    assert seen["TF_USE_LEGACY_KERAS"] == "0"  # the spec's value, not the builder's default
+    events = [json.loads(line) for line in (task / "events-0.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events][0] == "started" and events[-1]["event"] == "exit" and events[-1]["code"] == 0
+    bad = subprocess.run(container["command"], env={**env, "JOB_COMPLETION_INDEX": "3"}, cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "JOB_COMPLETION_INDEX" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +182,19 @@ def start(pod) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@contextlib.contextmanager
+def running(each: list):
+    """The pods started; any still running at the end killed (their training dies with its core)."""
+    procs = [start(p) for p in each]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.fixture
 def netns_hosts_files(pods_hosts):
     yield pods_hosts
@@ -127,9 +203,9 @@ def netns_hosts_files(pods_hosts):
 
 
 def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_path):
-    procs = [start(p) for p in pods(netns_hosts_files, tmp_path, {
-        "entrypoint": "worker.examples.digits:task", "epochs": 2, "batch_size_per_replica": 32})]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    with running(pods(netns_hosts_files, tmp_path, {
+            "entrypoint": "worker.examples.digits:task", "epochs": 2, "batch_size_per_replica": 32})) as procs:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "2 replica(s) in sync" in outs[0] and "val_accuracy" in outs[1], outs
     for i in (0, 1):
@@ -139,20 +215,13 @@ def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_p
 
 def test_sigterm_to_a_pod_saves_and_exits_75(netns_hosts_files, tmp_path):
     ckpt = tmp_path / "pods" / ".mgpu" / "runs" / RUN / "checkpoint"  # the run folder's (here every pod sees it)
-    procs = [start(p) for p in pods(netns_hosts_files, tmp_path, {
-        "entrypoint": "worker.examples.digits:task", "epochs": 500})]
-    try:
+    with running(pods(netns_hosts_files, tmp_path, {"entrypoint": "worker.examples.digits:task", "epochs": 500})) \
+            as procs:
         task = tmp_path / "pods" / ".mgpu" / "runs" / RUN
         wait_for(lambda: all(json.loads((task / f"task-{i}" / "progress.json").read_text() or "{}")
                              .get("global_step", 0) > 2 for i in (0, 1)) if all(
             (task / f"task-{i}" / "progress.json").exists() for i in (0, 1)) else False, 240, "both pods training")
         procs[1].send_signal(signal.SIGTERM)  # a node drain: the pod's core gets the notice
         outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert procs[1].returncode == 75, outs[1]
     assert "saved a checkpoint" in outs[1] and list(ckpt.iterdir()), outs[1]
-    time.sleep(0.1)

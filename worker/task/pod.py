@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         pass  # the core reports what it cannot write
     attempt = len(list(task_dir.glob("events-*.jsonl")))  # a JobSet restart starts the pod afresh
     workers = [endpoint(args.hosts.format(i=i), args.port) for i in range(args.workers)]
-    env = task_environment({}, workers, rank, os.environ.get("MGPU_RUN_ID", ""), str(task_dir))
+    own = task_environment({}, workers, rank, os.environ.get("MGPU_RUN_ID", ""), str(task_dir))
+    # the container's env (the spec's, as rendered) stands, as on every engine, but for what only the pod knows
+    env = {k: v if k in ("TF_CONFIG", "MGPU_TASK_INDEX") else os.environ.get(k, v) for k, v in own.items()}
     setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=env, port=args.port,
                       grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       host=args.hosts.format(i=rank).split(".")[0], report_port=args.port, echo=True)

@@ -73,10 +73,13 @@ def manifest(spec: ClusterSpec, run_id: str) -> dict:
         pod["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": k8s.volume_claim}}]
     job = {"completionMode": "Indexed", "completions": k8s.workers, "parallelism": k8s.workers,
            "backoffLimit": 0,  # one failed pod fails the group at once (fail fast)
-           # a pod that saved on notice (exit 75) fails its Job with reason PodFailurePolicy: restarted below
-           # without counting against maxRestarts
-           "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-               "containerName": "worker", "operator": "In", "values": [EXIT_PREEMPTED]}}]},
+           # a pod that saved on notice (exit 75), or one Kubernetes took away (evicted by a drain, preempted by
+           # the scheduler, its node lost: condition DisruptionTarget) whatever its exit, fails its Job with
+           # reason PodFailurePolicy: restarted below without counting against maxRestarts
+           "podFailurePolicy": {"rules": [
+               {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                     "values": [EXIT_PREEMPTED]}},
+               {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
            "template": {"metadata": {"labels": {"mgpu-cluster/run": run_id}}, "spec": pod}}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
