@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.run import interrupts, record
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
-from launcher.errors import Interrupted, PreflightError, RunFailed
+from launcher.errors import Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.output import Output
 from launcher.specfile import load_spec
@@ -24,9 +24,17 @@ def refuse(checks) -> None:
                              "Fix these (free the port, correct the spec or the host) and run again.")
 
 
+def not_started_here(spec_path: Path, engine) -> None:
+    why = engine.not_started_here(str(spec_path))
+    if why:
+        engine.close()
+        raise SpecError(f"{spec_path}: {why}")
+
+
 def check(spec_path: Path) -> None:
     spec = load_spec(spec_path)
     engine = engine_for(spec, "check")
+    not_started_here(spec_path, engine)
     out = Output(threaded=False)
     try:
         checks = engine.preflight(Path(spec_path).parent, out.say)
@@ -46,6 +54,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     if dry_run:
         out = Output(threaded=False)
         return engine.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
+    not_started_here(spec_path, engine)
     if detach:
         from launcher.run.detach import start_detached
 

@@ -113,10 +113,14 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
     assert yaml.safe_load(out.read_text())["kind"] == "JobSet"
     dry = cli("up", "--dry-run", REPO / "cluster.k8s.toml", timeout=60)
     assert dry.returncode == 0 and "kind: JobSet" in dry.stdout
-    for args in (["check", REPO / "cluster.k8s.toml"], ["render", REPO / "cluster.example.toml"]):
+    # the rest, one paragraph and exit 2, before anything is planned or recorded (no run in MGPU_HOME)
+    for args in (["check", REPO / "cluster.k8s.toml"], ["up", REPO / "cluster.k8s.toml"],
+                 ["up", "--detach", REPO / "cluster.k8s.toml"], ["render", REPO / "cluster.example.toml"]):
         r = cli(*args, timeout=60)
-        assert r.returncode == 2 and ("kubectl apply" in r.stderr or "[kubernetes]" in r.stderr), r.stderr
-        assert "Traceback" not in r.stdout + r.stderr
+        said = "kubectl apply -f" if args[0] != "render" else "no [kubernetes] table"
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr
+        assert "preflight" not in r.stdout + r.stderr, r.stdout  # not told as a refused preflight of hosts
+    assert not list((tmp_path / "mgpu-home").glob("runs/*")), "a run that Kubernetes starts is not recorded here"
 
 
 def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(tmp_path):
@@ -134,8 +138,8 @@ def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(
     assert r.returncode == 0, r.stdout + r.stderr
     seen = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
     name, task = m["metadata"]["name"], tmp_path / ".mgpu" / "runs" / RUN / "task-2"
-    assert json.loads(seen["TF_CONFIG"]) == {"cluster": {"worker": [f"{name}-worker-0-{i}.{name}:20001" for i in range(3)]},
-                                             "task": {"type": "worker", "index": 2}}
+    hosts = [f"{name}-worker-0-{i}.{name}:20001" for i in range(3)]
+    assert json.loads(seen["TF_CONFIG"]) == {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": 2}}
     assert (seen["MGPU_TASK_INDEX"], seen["MGPU_RUN_DIR"], seen["MGPU_RUN_ID"]) == ("2", str(task), RUN)
     assert seen["TF_USE_LEGACY_KERAS"] == "0"  # the spec's value, not the builder's default
     events = [json.loads(line) for line in (task / "events-0.jsonl").read_text().splitlines()]

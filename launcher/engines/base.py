@@ -168,6 +168,11 @@ class Engine(ABC):
         """Check hosts and ports, start nothing. `for_start`: `up` starts the tasks next (an engine
         may keep what it opened for the checks)."""
 
+    def not_started_here(self, spec_path: str = "SPEC") -> str | None:
+        """None when `check` and `up` start this engine's runs; else why not and what to do instead (a
+        paragraph: a rendered engine's runs are applied with the cluster's own tool)."""
+        return None
+
     def claim_ports(self) -> list:
         """Locks on the host:port pairs this run will use (two runs of this machine never share one)."""
         return []

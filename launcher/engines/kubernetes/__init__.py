@@ -37,12 +37,14 @@ class KubernetesEngine(Engine):
         say(f"# each pod runs: {shlex.join(pod_command(self.spec, self.run_id))}")
         say(render(self.spec, self.run_id))
 
+    def not_started_here(self, spec_path: str = "SPEC") -> str:
+        ns = self.spec.kubernetes.namespace
+        return (f"{NOT_HERE}: write its JobSet with 'mgpu-cluster render {spec_path} -o jobset.yaml' (or see it "
+                f"with 'up --dry-run'), apply it with 'kubectl apply -f jobset.yaml', and follow it with 'kubectl get "
+                f"jobsets -n {ns}' and 'kubectl logs -n {ns} -l mgpu-cluster/run=<run id>' (the id is in the file).")
+
     def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:
-        name = jobset_name(self.run_id)
-        return [TaskCheck(plan=self.plans[0], title=f"the JobSet {name}", problems=[
-            f"{NOT_HERE}: write its manifest with 'mgpu-cluster render SPEC -o jobset.yaml', apply it with "
-            f"'kubectl apply -f jobset.yaml', and follow it with 'kubectl get jobset {name} -n "
-            f"{self.spec.kubernetes.namespace}' and 'kubectl logs'"])]
+        return [TaskCheck(plan=self.plans[0], title="the JobSet", problems=[self.not_started_here()])]
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
         return {p.index: NOT_HERE for p in self.plans}
