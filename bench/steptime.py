@@ -12,7 +12,7 @@ from bench.results import Row
 from bench.timing import Stat, alternated, paired_ratio
 
 TITLE = "straggler timing, steps/s with / without"
-TARGET = "cost < 2% (ratio >= 0.98)"
+TARGET = "ratio >= 0.98"  # the timing costs under 2% of the steps
 STEPS = 600
 
 

@@ -537,8 +537,10 @@ def test_port_taken_after_preflight_is_one_paragraph_naming_the_holder(cli, tmp_
     finally:
         if pidfile.exists():
             try:
-                os.kill(int(pidfile.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
+                holder_proc = psutil.Process(int(pidfile.read_text()))
+                holder_proc.kill()  # the test's own holder; gone (or a zombie) before the leftover check
+                wait_for(lambda: holder_proc.status() == psutil.STATUS_ZOMBIE, 10, "the holder gone")
+            except psutil.NoSuchProcess:
                 pass
 
 
