@@ -218,11 +218,11 @@ def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_p
         assert '"event": "started"' in events and '"code": 0' in events
 
 
-def test_sigterm_to_a_pod_saves_and_exits_75(netns_hosts_files, tmp_path):
+def test_sigterm_to_a_pod_saves_and_exits_75_and_the_pods_started_again_resume(netns_hosts_files, tmp_path):
     ckpt = tmp_path / "pods" / ".mgpu" / "runs" / RUN / "checkpoint"  # the run folder's (here every pod sees it)
-    with running(pods(netns_hosts_files, tmp_path, {"entrypoint": "worker.examples.digits:task", "epochs": 500})) \
-            as procs:
-        task = tmp_path / "pods" / ".mgpu" / "runs" / RUN
+    each = pods(netns_hosts_files, tmp_path, {"entrypoint": "worker.examples.digits:task", "epochs": 3})
+    task = tmp_path / "pods" / ".mgpu" / "runs" / RUN
+    with running(each) as procs:
         wait_for(lambda: all(json.loads((task / f"task-{i}" / "progress.json").read_text() or "{}")
                              .get("global_step", 0) > 2 for i in (0, 1)) if all(
             (task / f"task-{i}" / "progress.json").exists() for i in (0, 1)) else False, 240, "both pods training")
@@ -233,3 +233,11 @@ def test_sigterm_to_a_pod_saves_and_exits_75(netns_hosts_files, tmp_path):
     steps = [re.search(r"saved a checkpoint at global step (\d+)", out) for out in outs]
     assert all(steps) and steps[0].group(1) == steps[1].group(1), outs  # one agreed step for the group
     assert "notice from another worker" in outs[0], outs[0]
+    # what the JobSet's rule does next: the same pods again (same command and env), a new attempt of each
+    with running(each) as again:
+        outs = [p.communicate(timeout=300)[0] for p in again]
+    assert [p.returncode for p in again] == [0, 0], outs
+    for i in (0, 1):
+        assert json.loads((task / f"task-{i}" / "progress.json").read_text())["first_global_step"] == int(
+            steps[0].group(1)), outs[i]  # resumed at the saved step: nothing trained twice
+        assert '"code": 0' in (task / f"task-{i}" / "events-1.jsonl").read_text()
