@@ -124,6 +124,19 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
     assert not list((tmp_path / "mgpu-home").glob("runs/*")), "a run that Kubernetes starts is not recorded here"
 
 
+def test_dry_run_masks_secret_env_values_and_render_writes_them(cli, tmp_path):
+    spec = tmp_path / "k8s.toml"
+    spec.write_text((REPO / "cluster.k8s.toml").read_text().replace(
+        'env = { TF_CPP_MIN_LOG_LEVEL = "2" }', 'env = { TF_CPP_MIN_LOG_LEVEL = "2", WANDB_API_KEY = "s3cr3t-value" }'))
+    dry = cli("up", "--dry-run", spec, timeout=60)
+    assert dry.returncode == 0 and "WANDB_API_KEY" in dry.stdout and "****" in dry.stdout, dry.stderr
+    assert "s3cr3t-value" not in dry.stdout + dry.stderr
+    r = cli("render", spec, timeout=60)  # the file kubectl applies carries the value itself
+    env = yaml.safe_load(r.stdout)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "WANDB_API_KEY", "value": "s3cr3t-value"} in env
+
+
 def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(tmp_path):
     """The rendered command and env as they are, with Kubernetes' JOB_COMPLETION_INDEX: TF_CONFIG names the
     JobSet's hosts, the task folder and its records are written, and a value of [kubernetes].env wins."""

@@ -17,9 +17,9 @@ from launcher.spec import Host
 NOT_HERE = "a [kubernetes] run is applied with kubectl, not started by mgpu-cluster"
 
 
-def render(spec, run_id: str) -> str:
+def render(spec, run_id: str, masked: bool = False) -> str:
     """The run's manifest as YAML, checked against JobSet's API models first."""
-    return to_yaml(validate(manifest(spec, run_id)))
+    return to_yaml(validate(manifest(spec, run_id, masked)))
 
 
 class KubernetesEngine(Engine):
@@ -35,7 +35,7 @@ class KubernetesEngine(Engine):
     def dry_run(self, say: Callable[[str], None]) -> None:
         say("# apply with: mgpu-cluster render SPEC -o jobset.yaml && kubectl apply -f jobset.yaml")
         say(f"# each pod runs: {shlex.join(pod_command(self.spec, self.run_id))}")
-        say(render(self.spec, self.run_id))
+        say(render(self.spec, self.run_id, masked=True))
 
     def not_started_here(self, spec_path: str = "SPEC") -> str:
         ns = self.spec.kubernetes.namespace

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from launcher.plan import worker_argv
+from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
 from worker.protocol import EXIT_PREEMPTED
 
@@ -58,11 +58,13 @@ def _resources(spec: ClusterSpec) -> dict:
     return {"requests": dict(limits), "limits": limits} if limits else {}
 
 
-def manifest(spec: ClusterSpec, run_id: str) -> dict:
+def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
+    """The JobSet; `masked`: env values whose names look secret shown as **** (for --dry-run)."""
     k8s, launch, name = spec.kubernetes, spec.launch, jobset_name(run_id)
+    env = mask_env(pod_env(spec, run_id)) if masked else pod_env(spec, run_id)
     container = {"name": "worker", "image": k8s.image, "command": pod_command(spec, run_id),
                  "workingDir": k8s.workdir, "ports": [{"name": "tf", "containerPort": k8s.port, "protocol": "TCP"}],
-                 "env": [{"name": key, "value": value} for key, value in pod_env(spec, run_id).items()]}
+                 "env": [{"name": key, "value": value} for key, value in env.items()]}
     if _resources(spec):
         container["resources"] = _resources(spec)
     pod = {"restartPolicy": "Never", "containers": [container],
