@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import posixpath
 import re
 from typing import Annotated, Literal, Optional, Union
 
@@ -341,10 +342,13 @@ class ClusterSpec(_Model):
         k8s = self.kubernetes
         for key in sorted(self.launch.model_fields_set & set(K8S_NOT_LAUNCH)) if k8s is not None else ():
             raise ValueError(f"launch.{key}: not used with [kubernetes] ({K8S_NOT_LAUNCH[key]})")
-        if k8s is not None and k8s.workers > 1 and self.training.checkpoint_dir and not k8s.volume_claim:
-            raise ValueError("training.checkpoint_dir: with several pods it must be on storage every pod shares; "
-                             "set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at workdir/.mgpu) "
-                             "and put the checkpoint below it, or leave checkpoint_dir out (the run folder is used)")
+        ck = self.training.checkpoint_dir
+        if k8s is not None and k8s.workers > 1 and ck and "://" not in ck:  # a URL (gs://, s3://) is shared
+            mount = f"{k8s.workdir.rstrip('/')}/.mgpu"
+            if not (k8s.volume_claim and posixpath.normpath(posixpath.join(k8s.workdir, ck)).startswith(mount + "/")):
+                raise ValueError(f"training.checkpoint_dir: with several pods it must be on storage every pod shares: "
+                                 f"set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at {mount}) and put "
+                                 f"the checkpoint below {mount}, or use a URL (gs://...), or leave it out")
         return self
 
     @model_validator(mode="after")

@@ -95,6 +95,11 @@ def test_what_jobset_does_not_take_is_refused(change, named):
     ({"launch": {"heartbeat_timeout": 30.0}}, "launch.heartbeat_timeout"),
     ({"launch": {"max_preemptions": 3}}, "launch.max_preemptions"),
     ({"training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": "/ck"}}, "volume_claim"),
+    ({"kubernetes": {"image": "x", "workers": 2, "volume_claim": "runs"},  # a volume, but the checkpoint not on it
+      "training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": "/workspace/ck"}},
+     "below /workspace/.mgpu"),
+    ({"kubernetes": {"image": "x", "workers": 2, "volume_claim": "runs"},
+      "training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": ".mgpu/../ck"}}, "below"),
     ({"kubernetes": {"image": "x", "workers": 2, "workdir": "rel"}}, "kubernetes.workdir"),
     ({"kubernetes": {"image": "x", "workers": 2, "namespace": "ML"}}, "kubernetes.namespace"),
     ({"kubernetes": {"image": "x", "workers": 2, "memory": "16GB"}}, "kubernetes.memory"),
@@ -122,6 +127,16 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr
         assert "preflight" not in r.stdout + r.stderr, r.stdout  # not told as a refused preflight of hosts
     assert not list((tmp_path / "mgpu-home").glob("runs/*")), "a run that Kubernetes starts is not recorded here"
+
+
+@pytest.mark.parametrize("k8s, checkpoint_dir", [
+    ({"volume_claim": "runs"}, "/workspace/.mgpu/ck"), ({"volume_claim": "runs"}, ".mgpu/ck"),
+    ({}, "gs://bucket/ck"), ({"workers": 1}, "/ck")])
+def test_a_checkpoint_every_pod_shares_is_taken(k8s, checkpoint_dir):
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 2, **k8s},
+                       "training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": checkpoint_dir}})
+    assert f"--checkpoint-dir {checkpoint_dir}" in " ".join(manifest(spec, RUN)["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
 def test_dry_run_masks_secret_env_values_and_render_writes_them(cli, tmp_path):
