@@ -152,6 +152,19 @@ def test_dry_run_masks_secret_env_values_and_render_writes_them(cli, tmp_path):
     assert {"name": "WANDB_API_KEY", "value": "s3cr3t-value"} in env
 
 
+@pytest.mark.parametrize("missing", ["kubeflow_trainer_api", "yaml"])
+def test_render_without_the_kubernetes_extra(missing):
+    """Without kubeflow-trainer-api: one paragraph naming the extra, exit 2; without PyYAML: JSON (YAML too)."""
+    code = (f"import sys; sys.modules[{missing!r}] = None; sys.argv = ['mgpu-cluster', 'render', "
+            f"{str(REPO / 'cluster.k8s.toml')!r}]; from launcher.cli import main; main()")
+    r = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    if missing == "yaml":
+        assert r.returncode == 0 and validate(json.loads(r.stdout))["kind"] == "JobSet", r.stderr
+    else:
+        assert r.returncode == 2 and "mgpu-cluster[kubernetes]" in r.stderr and not r.stdout, r.stderr
+
+
 def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(tmp_path):
     """The rendered command and env as they are, with Kubernetes' JOB_COMPLETION_INDEX: TF_CONFIG names the
     JobSet's hosts, the task folder and its records are written, and a value of [kubernetes].env wins."""

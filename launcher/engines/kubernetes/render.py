@@ -4,6 +4,7 @@ TF_CONFIG from Kubernetes' JOB_COMPLETION_INDEX and the JobSet's stable host nam
 
 from __future__ import annotations
 
+import json
 import math
 
 from launcher.plan import mask_env, worker_argv
@@ -98,6 +99,9 @@ def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
 
 
 def to_yaml(data: dict) -> str:
-    import yaml  # only `render` needs it
-
+    """YAML; JSON (which is YAML, and kubectl takes it) where PyYAML is not installed."""
+    try:
+        import yaml  # only `render` needs it
+    except ImportError:
+        return json.dumps(data, indent=2) + "\n"
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import re
 
+from launcher.errors import MgpuError
+
 _ENUM = "Possible enum values:"  # Kubernetes' fields: - `"Never"` ...
 _VALID = re.compile(r"Valid values are ([A-Za-z, ]+)\.")  # JobSet's: Valid values are A, B, C.
 _PATTERN = re.compile(r'must match the regular expression "(\^[^"]+\$)"')
 
 
-class ManifestError(ValueError):
-    """The manifest is not a valid JobSet."""
+class ManifestError(MgpuError):
+    """The manifest cannot be checked (the package is missing) or is not a valid JobSet; one paragraph."""
+
+    exit_code = 2
 
 
 def _diff(a, b, path: str = "") -> list[str]:
