@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,10 +18,16 @@ import psutil
 import pytest
 
 from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
-from launcher.engines.slurm.job import parse_time
+from launcher.engines.base import SchedulerCause
+from launcher.engines.slurm import follow
+from launcher.engines.slurm.follow import POLL_S, Follower, events_path
+from launcher.engines.slurm.job import parse_time, record_of, verdict_of
 from launcher.engines.slurm.plan import plan_slurm
-from launcher.engines.slurm.script import batch_script, sbatch_options
+from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
+from launcher.engines.slurm import status
+from launcher.engines.slurm.status import last_records, latest_attempt
 from launcher.specfile import parse_spec
+from worker import protocol
 from worker.task import slurm as slurm_task
 
 PY = sys.executable
@@ -92,6 +99,150 @@ def test_script_quotes_every_value(tmp_path):
     plan = plan_slurm(spec, "20260101-000000-abcd")[1]
     assert plan.run_dir == f"{work}/.mgpu/runs/20260101-000000-abcd/task-1" and plan.label == "task 1 (slurm)"
     assert not list(tmp_path.rglob("pwned"))
+
+
+def test_batch_script_is_one_attempt_one_step_and_no_policy():
+    """The job's script is its directives and one `exec srun`: no loop, no trap, no lifeline in bash
+    (the agent decides restarts; the task core watches launcher.alive)."""
+    spec = parse_spec({"slurm": {"nodes": 2, "workdir": "/shared", "time": "10"},
+                       "training": {"command": ["prog", "--x"]}, "launch": {"preempt_grace": 7.5}})
+    script = batch_script(spec, "20260101-000000-abcd", 3)
+    body = [line for line in script.splitlines() if line and not line.startswith("#")]
+    assert len(body) == 1 and body[0].startswith("exec srun --kill-on-bad-exit=1 "), script
+    for word in ("while", "until", "for ", "trap", "sleep", "touch", "if "):
+        assert word not in body[0], word
+    opts = sbatch_options(spec, "20260101-000000-abcd")
+    assert "--signal=USR1@8" in opts and not [o for o in opts if "B:" in o] and "--requeue" in opts, opts
+    assert "#SBATCH --signal=USR1@8" in script and "#SBATCH --time=10" in script
+    assert "#SBATCH --job-name=mgpu-20260101-000000-abcd" in script
+    argv = srun_argv(spec, "20260101-000000-abcd", 3)
+    core = argv[argv.index("worker.task.slurm") + 1:argv.index("--")]
+    assert core == ["--run-dir", "/shared/.mgpu/runs/20260101-000000-abcd", "--attempt", "3", "--grace", "1",
+                    "--preempt-grace", "7.5", "--lifeline", f"{spec.launch.lifeline:g}"], core
+    assert argv[argv.index("--") + 1:] == ["prog", "--x"]
+    assert shlex.split(body[0])[1:] == argv
+
+
+def _job(state: str, reason: str = "None", restarts: int = 0) -> dict:
+    """A job's record as `scontrol -o show job` prints it (Slurm 22.05), read by record_of."""
+    return record_of(f"JobId=41 JobName=mgpu-r UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 "
+                     f"Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+                     f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:01:02 TimeLimit=00:01:00 "
+                     f"TimeMin=N/A NodeList=node[1-2] BatchHost=node1 NumNodes=2\n")
+
+
+@pytest.mark.parametrize("info,before,notices,cause,words", [
+    (_job("PENDING", "BeginTime", 1), 0, set(), SchedulerCause.REQUEUED, ["requeue", "BeginTime"]),
+    (_job("RUNNING", "None", 1), 0, set(), SchedulerCause.REQUEUED, ["requeue"]),  # already running again
+    (_job("REQUEUED", "NodeDown", 1), 0, {"SIGTERM"}, SchedulerCause.REQUEUED, ["requeue", "NodeDown"]),
+    (_job("PENDING", "BeginTime", 2), 1, set(), SchedulerCause.REQUEUED, ["requeue"]),  # its second requeue
+    (_job("TIMEOUT", "TimeLimit"), 0, {"SIGUSR1"}, SchedulerCause.TIME_LIMIT, ["time limit", "'1'", "TimeLimit"]),
+    (_job("COMPLETED"), 0, {"SIGUSR1"}, SchedulerCause.TIME_LIMIT, ["time limit"]),  # saved before the limit
+    (_job("COMPLETING"), 0, {"SIGUSR1"}, SchedulerCause.TIME_LIMIT, ["time limit"]),
+    (_job("CANCELLED"), 0, {"SIGTERM"}, SchedulerCause.CANCELLED, ["cancelled from outside", "scancel"]),
+    (_job("NODE_FAIL", "NodeDown"), 0, set(), SchedulerCause.NODE_FAIL, ["node", "NodeDown", "not requeued"]),
+    (_job("OUT_OF_MEMORY"), 0, set(), SchedulerCause.ENDED, ["OUT_OF_MEMORY"]),
+    (_job("PREEMPTED"), 0, set(), SchedulerCause.ENDED, ["PREEMPTED"]),
+    (_job("COMPLETED"), 0, set(), None, []),  # the tasks ended it
+    (_job("FAILED", "NonZeroExitCode"), 0, set(), None, []),  # a task failed: the task is to blame
+    (_job("RUNNING", "None", 1), 1, set(), None, []),  # the requeue already followed: nothing new
+    (None, 0, set(), None, []),  # purged, or the controller did not answer
+])
+def test_verdict_from_recorded_scontrol_records(info, before, notices, cause, words):
+    found = verdict_of(info, before, notices, "41", "1")
+    assert (found.cause if found else None) == cause, found
+    for word in words:
+        assert word in found.reason, (word, found.reason)
+    if found:
+        assert "41" in found.reason
+
+
+class _Sink:
+    def __init__(self):
+        self.seen: list[tuple] = []
+
+    def event(self, index, event):
+        self.seen.append((index, event))
+
+    def output(self, index, lines, dropped):
+        self.seen.append((index, "output", list(lines)))
+
+    def garbage(self, index, text):
+        self.seen.append((index, "garbage", text))
+
+
+def _record(ev) -> bytes:
+    return protocol.encode(ev)
+
+
+def test_follower_tails_events_files_into_the_pump(tmp_path):
+    """Records written in pieces reach the sink whole and in order; exits of one round go in the order they
+    happened; a task with no Exit is Lost once the job is over and the settle time passed."""
+    sink, over = _Sink(), {"why": None}
+    for i in (0, 1, 2):
+        events_path(tmp_path, i, 1).parent.mkdir()
+    events_path(tmp_path, 0, 0).write_bytes(_record(protocol.Output(["an older attempt"])))
+    started = protocol.Started(pid=7, create_time=1.0, supervisor_pid=6, time=1.0, host="n1", port=5)
+    with open(events_path(tmp_path, 0, 1), "ab", buffering=0) as f0:
+        follower = Follower(tmp_path, [0, 1], 1, sink, lambda: None, lambda ev: None)
+        try:
+            f0.write(_record(started)[:10])
+            time.sleep(3 * POLL_S)
+            assert sink.seen == []  # half a line waits for the rest
+            f0.write(_record(started)[10:] + _record(protocol.Output(["step 1", "step 2"])) + b"not a record\n")
+            assert wait_for(lambda: len(sink.seen) == 3, 10, "three records of task 0")
+            assert sink.seen == [(0, started), (0, "output", ["step 1", "step 2"]), (0, "garbage", "not a record")]
+        finally:
+            follower.stop()
+            follower.thread.join(5)
+    # attempt 2: both exits are there at the first round; task 2 never reports
+    events_path(tmp_path, 0, 2).write_bytes(_record(protocol.Exit(code=-15, time=11.0, notice="SIGTERM")))
+    events_path(tmp_path, 1, 2).write_bytes(_record(protocol.Exit(code=-9, time=10.0)))
+    sink.seen.clear()
+    notices = []
+    follower = Follower(tmp_path, [0, 1, 2], 2, sink, lambda: over["why"], lambda ev: notices.append(ev.notice))
+    try:
+        assert wait_for(lambda: len(sink.seen) == 2, 10, "two exits")
+        assert [(i, ev.code) for i, ev in sink.seen] == [(1, -9), (0, -15)], sink.seen  # task 1 failed first
+        assert notices == ["", "SIGTERM"]
+        time.sleep(3 * POLL_S + follow.SETTLE_S)
+        assert len(sink.seen) == 2 and follower.thread.is_alive()  # the job is not over: task 2 may still start
+        over["why"] = "Slurm job 41 ended (FAILED)"
+        t0 = time.monotonic()
+        follower.thread.join(15)
+        assert not follower.thread.is_alive() and time.monotonic() - t0 >= follow.SETTLE_S
+        assert sink.seen[2:] == [(2, protocol.Lost("Slurm job 41 ended (FAILED)"))], sink.seen
+    finally:
+        follower.stop()
+
+
+def test_status_reads_a_tasks_latest_events(tmp_path):
+    assert latest_attempt(tmp_path, 0) is None and last_records(events_path(tmp_path, 0, 0)) == {}
+    events_path(tmp_path, 0, 0).parent.mkdir()
+    events_path(tmp_path, 0, 0).write_bytes(_record(protocol.Exit(code=75, time=1.0, notice="SIGTERM")))
+    records = [protocol.Started(pid=1, create_time=1.0, supervisor_pid=2, time=2.0, host="node2", port=20041),
+               protocol.Stats(cpu_percent=50.0, rss=10), protocol.Progress({"epoch": 1}),
+               protocol.Stats(cpu_percent=99.0, rss=20)]
+    events_path(tmp_path, 0, 2).write_bytes(b"".join(map(_record, records)) + b'{"kind": "exit", "co')
+    (tmp_path / "task-0" / "events-x.jsonl").write_text("")
+    assert latest_attempt(tmp_path, 0) == 2
+    last = last_records(events_path(tmp_path, 0, 2))
+    assert last == {"started": records[0], "stats": records[3], "progress": records[2]}  # no exit yet
+    running = status.job_row("41", ["40", "41"], "batch", _job("RUNNING", "None", 1))
+    assert running == {"id": "41", "ids": ["40", "41"], "mode": "batch", "state": "running", "reason": None,
+                       "nodes": "node[1-2]"}
+    row = status.task_row(tmp_path, 0, running, stopping=False)
+    assert (row["alive"], row["host"], row["port"], row["pid"], row["exit_code"]) == (True, "node2", 20041, 1, None)
+    assert (row["progress"], row["cpu_percent"], row["rss"]) == ({"epoch": 1}, 99.0, 20) and "state" not in row
+    queued = status.job_row("41", ["41"], "batch", _job("PENDING", "Resources"))
+    assert status.task_row(tmp_path, 0, queued, stopping=False)["state"] == "pending" and queued["reason"] == "Resources"
+    ended = status.task_row(tmp_path, 1, status.job_row("41", ["41"], "batch", _job("CANCELLED")), stopping=True)
+    assert (ended["state"], ended["alive"], ended["pid"]) == ("stopped", False, None)
+    log = tmp_path / "task-0" / "worker.log"
+    assert status.read_log(log, 5) == ("", 5)  # not written yet
+    log.write_bytes(b"one\ntwo\nthr\xc3\xa9e\n")
+    assert status.read_log(log, 0, tail=2) == ("two\nthr\u00e9e\n", 15)
+    assert status.read_log(log, 4) == ("two\nthr\u00e9e\n", 15) and status.read_log(log, 0, tail=0) == ("", 15)
 
 
 @pytest.mark.parametrize("table,needle", [

@@ -21,13 +21,13 @@ from typing import Callable
 
 from launcher.engines.base import Engine, EngineKind, Result, SchedulerCause, SchedulerEnd, Sink, TaskCheck
 from launcher.engines.slurm import job as jobs
-from launcher.engines.slurm.follow import Follower, events_path, last_records, latest_attempt
+from launcher.engines.slurm import status
+from launcher.engines.slurm.follow import Follower, events_path
 from launcher.engines.slurm.plan import Mode, common_env, job_name, mode_here, plan_slurm, run_folder
 from launcher.engines.slurm.preflight import problems
 from launcher.engines.slurm.script import batch_script, print_dry_run, sbatch_options, srun_argv
 from launcher.plan import TaskPlan
 from worker import protocol
-from worker.protocol import TaskState
 from worker.task.files import write_private
 
 JOB_POLL_S = 0.5
@@ -252,6 +252,8 @@ class SlurmEngine(Engine):
                 time.sleep(0.1)
             if self._still_there() or jobs.state_of(self.job) in jobs.QUEUED:
                 self._cancel()
+            else:  # one sbatch may have submitted as `up` was interrupted, before its id was known
+                jobs.slurm(["scancel", f"--name={job_name(self.run_id)}"], 10.0)
         if self.srun is not None and self.srun.poll() is None:  # inside an allocation: our step goes with us
             self._cancel()
             try:
@@ -262,48 +264,11 @@ class SlurmEngine(Engine):
     # ---- status, logs, commands on a node
     def probe(self, indices: list[int]) -> list[Result[dict]]:
         info = self._job_info() if (self.job_id and shutil.which("scontrol")) else None
-        state = jobs.state_of(info)
-        job = {"id": self.job_id, "ids": list(self.job_ids), "mode": str(self.mode), "state": state.lower() or None,
-               "reason": (info or {}).get("Reason") if (info or {}).get("Reason") not in (None, "None") else None,
-               "nodes": (info or {}).get("NodeList")}
-        rows = []
-        for i in indices:
-            attempt = latest_attempt(self.root, i)
-            last = last_records(events_path(self.root, i, attempt)) if attempt is not None else {}
-            started, stats, ended = last.get("started"), last.get("stats"), last.get("exit")
-            alive = state in jobs.RUNNING and started is not None and ended is None
-            progress = _json(self.root / f"task-{i}" / "progress.json")
-            row = {"dir": str(self.root / f"task-{i}"), "pid": started.pid if started else None, "alive": alive,
-                   "exit_code": ended.code if ended else None, "host": started.host if started else None,
-                   "port": started.port if started else None, "progress": progress or None,
-                   "cpu_percent": stats.cpu_percent if alive and stats else None,
-                   "rss": stats.rss if alive and stats else None, "status": stats.status if alive and stats else None,
-                   "gpu_util": None, "time": time.time(), "job": job}
-            if state in jobs.QUEUED or (state in jobs.RUNNING and not alive and ended is None):
-                row["state"] = str(TaskState.PENDING)
-            elif not alive and ended is None and self.stopping:
-                row["state"] = str(TaskState.STOPPED)
-            rows.append(Result(value=row))
-        return rows
+        job = status.job_row(self.job_id, self.job_ids, str(self.mode), info)
+        return [Result(value=status.task_row(self.root, i, job, self.stopping)) for i in indices]
 
     def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
-        path = self.root / f"task-{index}" / "worker.log"
-        try:
-            with open(path, "rb") as log:
-                size = os.fstat(log.fileno()).st_size
-                if tail is not None:
-                    start, data = size, b""
-                    while start > 0 and data.count(b"\n") <= tail:
-                        start = max(0, start - 65536)
-                        log.seek(start)
-                        data = log.read(size - start)
-                    lines = data.decode("utf-8", "replace").splitlines()[-tail:] if tail else []
-                    return "".join(line + "\n" for line in lines), size
-                log.seek(offset)
-                data = log.read()
-        except FileNotFoundError:
-            return "", offset
-        return data.decode("utf-8", "replace"), offset + len(data)
+        return status.read_log(self.root / f"task-{index}" / "worker.log", offset, tail)
 
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         node = self.where.get(index, ("", 0))[0]
@@ -326,10 +291,3 @@ class _Where:
             self.engine.where[index] = (event.host, event.port)
         self.sink.event(index, event)
 
-
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}

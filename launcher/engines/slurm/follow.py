@@ -1,5 +1,5 @@
 """Following a Slurm attempt: each task's events file (the task core's records) tailed into the same
-Pump as every engine's records, by one thread for all tasks; and reading them back for `status`."""
+Pump as every engine's records, by one thread for all tasks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from worker import protocol
 POLL_S = 0.2
 READ_MAX = 1 << 20  # bytes of one events file per round
 SETTLE_S = 1.5  # after the job (or step) ended, how long a task's last records may take to appear
-TAIL_BYTES = 1 << 18  # what `status` reads of an events file: its last records
 
 
 def events_path(root: Path, index: int, attempt: int) -> Path:
@@ -83,32 +82,3 @@ class Follower:
     def stop(self) -> None:
         self.stopped.set()
 
-
-def last_records(path: Path) -> dict[str, protocol.Event]:
-    """The last record of each kind in an events file (read from its end), for `status`."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return {}
-    found: dict[str, protocol.Event] = {}
-    for line in data.split(b"\n"):
-        try:
-            ev = protocol.decode(line)
-        except protocol.BadRecord:
-            continue
-        found[ev.kind] = ev
-    return found
-
-
-def latest_attempt(root: Path, index: int) -> int | None:
-    numbers = []
-    for p in (root / f"task-{index}").glob("events-*.jsonl"):
-        try:
-            numbers.append(int(p.stem.split("-", 1)[1]))
-        except ValueError:
-            continue
-    return max(numbers) if numbers else None

@@ -7,6 +7,7 @@ import os
 
 from launcher.plan import TaskPlan, worker_argv
 from launcher.spec import ClusterSpec, Host
+from worker.task.env import endpoint, task_environment
 
 
 class Mode(str, enum.Enum):
@@ -31,25 +32,27 @@ def job_name(run_id: str) -> str:
 
 
 def common_env(spec: ClusterSpec, run_id: str) -> dict[str, str]:
-    """What every task gets (env.json); worker.task.slurm adds TF_CONFIG, MGPU_TASK_INDEX, MGPU_RUN_DIR."""
+    """What the launcher gives every task (env.json): the run's id and the spec's env. Each task builds
+    the rest on its node, with TF_CONFIG, by the one builder (worker.task.env)."""
     cfg = spec.slurm
-    env = {"MGPU_RUN_ID": run_id, "MGPU_NUM_WORKERS": str(cfg.nodes), "TF_USE_LEGACY_KERAS": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {"MGPU_RUN_ID": run_id}
     if cfg.gpus_per_node == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    env.update(cfg.env or {})
-    return env
+    return {**env, **(cfg.env or {})}
 
 
 def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
+    """The tasks' plans; their env is what each will get on its node (but TF_CONFIG: Slurm picks the nodes)."""
     cfg, root = spec.slurm, run_folder(spec, run_id)
     common = common_env(spec, run_id)
+    workers = [endpoint(f"<node {j}>", cfg.port or 0) for j in range(cfg.nodes)]
     plans = []
     for i in range(cfg.nodes):
         run_dir = f"{root}/task-{i}"
+        env = task_environment(common, workers, i, run_id, run_dir)
+        del env["TF_CONFIG"]
         plans.append(TaskPlan(
             index=i, host=Host.model_construct(address="slurm", port=cfg.port or 0), python=cfg.python,
             cwd=os.path.expanduser(cfg.workdir), run_dir=run_dir, argv=worker_argv(spec, cfg.python),
-            env={**common, "MGPU_TASK_INDEX": str(i), "MGPU_RUN_DIR": run_dir}, grace=spec.launch.stop_grace,
-            preempt_grace=spec.launch.preempt_grace))
+            env=env, grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace))
     return plans

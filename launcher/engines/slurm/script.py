@@ -9,7 +9,7 @@ import re
 import shlex
 from typing import Callable
 
-from launcher.engines.slurm.plan import Mode, common_env, job_name, mode_here, run_folder
+from launcher.engines.slurm.plan import Mode, job_name, mode_here, plan_slurm, run_folder
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
 
@@ -97,8 +97,8 @@ def print_dry_run(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) ->
         say(f"# submitted with: sbatch --parsable {shlex.join(sbatch_options(spec, run_id))} {root}/job.sh")
         say(f"# {root}/job.sh (attempt 0; a restart submits the same with its own attempt number):")
         say(batch_script(spec, run_id, 0))
-    say(f"# {root}/env.json (every task; each adds TF_CONFIG, MGPU_TASK_INDEX and MGPU_RUN_DIR when it starts):")
-    for k, v in mask_env(common_env(spec, run_id)).items():
+    say("# task 0's environment, built on its node when it starts (the launcher's part in env.json):")
+    for k, v in mask_env(plan_slurm(spec, run_id)[0].env).items():
         say(f"#   {k}={v}")
     say("# TF_CONFIG of task i: the step's nodes in Slurm's order (scontrol show hostnames), each at its NodeAddr, "
         f"port {spec.slurm.port or 'from the job id (20000 + job id % 10000)'}; index = SLURM_PROCID")
