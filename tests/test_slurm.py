@@ -21,7 +21,7 @@ from conftest import launcher_traceback, latest_state, run_processes, wait_for, 
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
 from launcher.engines.slurm.follow import POLL_S, Follower, events_path
-from launcher.engines.slurm.job import parse_time, record_of, verdict_of
+from launcher.engines.slurm.job import parse_time, record_of, settled, verdict_of, wait_until
 from launcher.engines.slurm.plan import plan_slurm
 from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
 from launcher.engines.slurm import status
@@ -149,6 +149,7 @@ def _job(state: str, reason: str = "None", restarts: int = 0) -> dict:
     (None, 0, set(), None, []),  # purged, or the controller did not answer
 ])
 def test_verdict_from_recorded_scontrol_records(info, before, notices, cause, words):
+    assert verdict_of(info, before, notices, "41", "1", we_stopped=True) is None  # our own stop is no verdict
     found = verdict_of(info, before, notices, "41", "1")
     assert (found.cause if found else None) == cause, found
     for word in words:
@@ -214,6 +215,16 @@ def test_follower_tails_events_files_into_the_pump(tmp_path):
         assert sink.seen[2:] == [(2, protocol.Lost("Slurm job 41 ended (FAILED)"))], sink.seen
     finally:
         follower.stop()
+
+
+def test_wait_until_gives_the_first_true_answer_or_none_at_its_time_limit():
+    answers = iter([0, "", None, "there"])
+    t0 = time.monotonic()
+    assert wait_until(lambda: next(answers), 30, 0.01) == "there" and time.monotonic() - t0 < 5
+    t0 = time.monotonic()
+    assert wait_until(lambda: [], 0.3, 0.05) is None and 0.3 <= time.monotonic() - t0 < 5
+    assert [settled(_job(s)) for s in ("RUNNING", "COMPLETING", "COMPLETED", "PENDING", "TIMEOUT")] == \
+        [False, False, True, True, True] and settled(None)
 
 
 def test_status_reads_a_tasks_latest_events(tmp_path):

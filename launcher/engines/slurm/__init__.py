@@ -172,16 +172,13 @@ class SlurmEngine(Engine):
         return self.job
 
     def verdict(self, attempt: int) -> SchedulerEnd | None:
-        if self.stopping or self.mode == Mode.ALLOCATION:
+        if self.mode == Mode.ALLOCATION:
             return None
-        deadline, info = time.time() + SETTLE_S, None
-        while time.time() < deadline:  # until Slurm shows how the job ended (or that it went back to the queue)
-            info = self._job_info()
-            state = jobs.state_of(info)
-            if info is None or state in jobs.QUEUED or (jobs.ended(info) and state != "COMPLETING"):
-                break
-            time.sleep(0.2)
-        found = jobs.verdict_of(info, self.restarts_before, self.notices, self.job_id, self.cfg.time)
+        info = self.job  # unless we stopped it: until Slurm shows how it ended (or took it back), seconds at most
+        if not self.stopping:
+            found = jobs.wait_until(lambda: (lambda i: [i] if jobs.settled(i) else None)(self._job_info()), SETTLE_S)
+            info = found[0] if found else self.job
+        found = jobs.verdict_of(info, self.restarts_before, self.notices, self.job_id, self.cfg.time, self.stopping)
         if found is not None and found.cause == SchedulerCause.REQUEUED:
             self.requeued = True
             self.restarts_before = int((info or {}).get("Restarts") or 0)
@@ -224,13 +221,10 @@ class SlurmEngine(Engine):
             err = RuntimeError("scancel is not on PATH: run 'mgpu-cluster down' where Slurm's commands work")
             return [Result(error=err) for _ in indices]
         self._cancel()
-        deadline = time.time() + self.spec.launch.stop_grace + 60.0
-        while self._still_there():
-            if time.time() > deadline:
-                err = RuntimeError(f"Slurm has not ended job {self.job_id} after 'scancel'; see "
-                                   f"'scontrol show job {self.job_id}'")
-                return [Result(error=err) for _ in indices]
-            time.sleep(0.2)
+        if not jobs.wait_until(lambda: not self._still_there(), self.spec.launch.stop_grace + 60.0):
+            err = RuntimeError(f"Slurm has not ended job {self.job_id} after 'scancel'; see "
+                               f"'scontrol show job {self.job_id}'")
+            return [Result(error=err) for _ in indices]
         return self.probe(indices)
 
     def _still_there(self) -> bool:
@@ -247,9 +241,8 @@ class SlurmEngine(Engine):
         if not self.started:
             return
         if self.mode == Mode.BATCH and self.job_id and shutil.which("scontrol"):
-            deadline = time.time() + 10.0  # a job whose tasks all ended ends by itself, in a moment
-            while time.time() < deadline and self._still_there() and not self.stopping:
-                time.sleep(0.1)
+            if not self.stopping:  # a job whose tasks all ended ends by itself, in a moment
+                jobs.wait_until(lambda: not self._still_there(), 10.0, 0.1)
             if self._still_there() or jobs.state_of(self.job) in jobs.QUEUED:
                 self._cancel()
             else:  # one sbatch may have submitted as `up` was interrupted, before its id was known

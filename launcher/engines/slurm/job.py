@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import time
+from typing import Callable, TypeVar
 
 from launcher.engines.base import SchedulerCause, SchedulerEnd
 
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 RUNNING = {"CONFIGURING", "RUNNING", "SUSPENDED", "SIGNALING", "RESIZING", "STOPPED"}
 TIME_NOTICE = "SIGUSR1"  # what our --signal sends the tasks before the time limit
+T = TypeVar("T")
 
 
 def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> subprocess.CompletedProcess:
@@ -22,6 +25,16 @@ def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> s
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not found on PATH")
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", f"`{shlex.join(argv)}` did not answer within {timeout:g} s")
+
+
+def wait_until(fn: Callable[[], T], timeout: float, step: float = 0.2) -> T | None:
+    """fn() until it gives something true (returned), for at most `timeout` seconds (then None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = fn()
+        if found or time.monotonic() >= deadline:
+            return found or None
+        time.sleep(step)
 
 
 def record_of(text: str) -> dict:
@@ -68,10 +81,19 @@ def ended(info: dict | None) -> bool:
     return bool(state) and state not in QUEUED and state not in RUNNING
 
 
+def settled(info: dict | None) -> bool:
+    """Whether the record shows how an attempt's job ended for good (its processes gone: not COMPLETING),
+    or that it went back to the queue, or nothing (purged: no more to learn)."""
+    state = state_of(info)
+    return info is None or state in QUEUED or (ended(info) and state != "COMPLETING")
+
+
 def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_id: str | None,
-               time_limit: str | None) -> SchedulerEnd | None:
-    """How Slurm ended (or took back) an attempt whose tasks ended, from its job record and the notices
-    the tasks were given; None when Slurm did not end it (the tasks did, or we stopped it)."""
+               time_limit: str | None, we_stopped: bool = False) -> SchedulerEnd | None:
+    """How Slurm ended (or took back) an attempt whose tasks ended, from its job record, the notices the
+    tasks were given and whether we stopped it; None when Slurm did not end it (the tasks did, or we)."""
+    if we_stopped:
+        return None
     state, reason = state_of(info), (info or {}).get("Reason") or "None"
     said = f"(state {state}, reason {reason})" if reason != "None" else f"(state {state})"
     if info and int((info.get("Restarts") or "0").strip() or 0) > restarts_before or state in QUEUED:
