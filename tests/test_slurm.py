@@ -1,6 +1,8 @@
 """The Slurm engine against a real slurmctld and two slurmd, each node in its own network namespace
-(tests/slurm_fixtures.py): `up` of a [slurm] spec, kill -9, down, Ctrl-C, restarts inside the job,
-bad [slurm] tables, a run inside an existing allocation. Plus the pure parts (TF_CONFIG, the script)."""
+(tests/slurm_fixtures.py): `up` of a [slurm] spec, kill -9, down, Ctrl-C, a restart as a new job,
+bad [slurm] tables, a run inside an existing allocation. Plus the pure parts (TF_CONFIG, the script, the
+verdict from recorded job records, following events files, status rows). The lifecycle (requeue, node
+down, time limit, outside scancel) is in test_slurm_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from launcher.engines.slurm.plan import plan_slurm
 from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
 from launcher.engines.slurm import status
 from launcher.engines.slurm.status import last_records, latest_attempt
-from launcher.specfile import parse_spec
+from launcher.engines import engine_for
+from launcher.specfile import load_spec, parse_spec
 from worker import protocol
 from worker.task import slurm as slurm_task
 
@@ -322,10 +325,6 @@ def progress(task: dict) -> dict:
         return {}
 
 
-def task_info(task: dict) -> dict:
-    return json.loads((Path(task["run_dir"]) / "task.json").read_text())
-
-
 def started_record(task: dict, attempt: int):
     """The Started record the task core wrote for `attempt` in its events file."""
     from worker import protocol
@@ -432,7 +431,7 @@ def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
     assert took["every process"] < 10.0, took  # typically ~1 s; a wide margin on 2 shared cores
 
 
-def test_down_cancels_a_detached_run(sc, cli, tmp_path):
+def test_down_cancels_a_detached_run(sc, cli, tmp_path, monkeypatch):
     spec = write_spec(tmp_path, SLEEP)
     r = cli("up", "--detach", spec, timeout=300)
     assert r.returncode == 0 and "running detached" in r.stdout, r.stdout + r.stderr
@@ -441,6 +440,16 @@ def test_down_cancels_a_detached_run(sc, cli, tmp_path):
     assert snap["job"]["state"] == "running" and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
     plain = cli("status", timeout=60).stdout
     assert f"slurm job {snap['job']['id']}: running" in plain
+    # a command on task 1's node, inside the job (what `stacks` uses): an engine made from the run record
+    for k, v in sc.env.items():
+        monkeypatch.setenv(k, v)
+    st = latest_state(cli)
+    engine = engine_for(load_spec(spec), st["run_id"])  # as status, logs and down make theirs
+    engine.attach({t["index"]: (t["host"], t["port"]) for t in st["tasks"]}, st["job"])
+    code, text, err = engine.call(1, ["sh", "-c", 'echo "$SLURMD_NODENAME $SLURM_JOB_ID $PWD"'], 60)
+    assert (code, text.split()) == (0, ["node2", snap["job"]["id"], st["tasks"][1]["run_dir"]]), err
+    engine.close()  # made for a command: it leaves the job alone
+    assert job_state(sc, snap["job"]["id"]) == "RUNNING"
     d = cli("down", timeout=120)
     assert d.returncode == 0, d.stdout + d.stderr
     assert job_state(sc, snap["job"]["id"], "CANCELLED")
@@ -533,7 +542,8 @@ def test_max_restarts_resumes_at_epoch_3_in_a_job_the_agent_submits(sc, cli, tmp
     for t in snap["tasks"]:
         p = progress(t)
         assert p["first_epoch"] == 3 and p["epoch"] == 5, p
-        assert task_info(t)["attempt"] == 1
+        assert started_record(t, 1).host == t["host"]  # attempt 1's records, in the second job's events file
+        assert (Path(t["run_dir"]) / "events-0.jsonl").exists() and not (Path(t["run_dir"]) / "events-2.jsonl").exists()
     first, second = snap["job"]["ids"]  # one job an attempt, the last one the run's job now
     assert second == snap["job"]["id"] and job_state(sc, first, "FAILED", "CANCELLED")
     assert len([n for n in our_jobs(sc) if n == f"mgpu-{snap['run_id']}"]) == 2
