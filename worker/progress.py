@@ -14,8 +14,10 @@ import sys
 import time
 from typing import Any, Callable
 
+from worker.protocol import ProgressState
+
 FILENAME = "progress.json"
-STATES = ("starting", "training", "done", "preempting", "preempted")
+STATES = tuple(str(state) for state in ProgressState)
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -78,7 +80,7 @@ class ProgressWriter:
             interval = float(os.environ.get("MGPU_PROGRESS_INTERVAL", DEFAULT_INTERVAL_S))
         self.interval = interval
         self.fields: dict[str, Any] = {
-            "task": int(task), "state": "starting", "epoch": 0, "epochs": int(epochs),
+            "task": int(task), "state": str(ProgressState.STARTING), "epoch": 0, "epochs": int(epochs),
             "step": 0, "steps_per_epoch": steps_per_epoch, "global_step": 0, "first_epoch": 1,
             "first_global_step": 0, "loss": None, "metrics": {}, "samples_per_sec": None,
             "time": time.time(), "pid": os.getpid(),
@@ -93,8 +95,8 @@ class ProgressWriter:
         """Merges `fields`; writes when forced or when the interval has passed. True if written."""
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"state must be one of {STATES}, not {fields['state']!r}")
-        if self.fields.get("state") == "preempting" and fields.get("state") == "training":
-            fields = {**fields, "state": "preempting"}  # a notice stands until the task stops
+        if self.fields.get("state") == ProgressState.PREEMPTING and fields.get("state") == ProgressState.TRAINING:
+            fields = {**fields, "state": str(ProgressState.PREEMPTING)}  # a notice stands until the task stops
         self.fields.update(fields)
         if not force and not self.due():
             return False
@@ -194,17 +196,17 @@ def _make_callback_class():
             return loss, {name: _number(value) for name, value in logs.items()}
 
         def mark_done(self) -> None:
-            self.writer.update(force=True, state="done")
+            self.writer.update(force=True, state=str(ProgressState.DONE))
 
         def mark_preempted(self) -> None:
             """After the checkpoint on notice: the last finished step, state "preempted"."""
-            self.writer.update(force=True, state="preempted", step=self._step,
+            self.writer.update(force=True, state=str(ProgressState.PREEMPTED), step=self._step,
                                global_step=self._global_step())
 
         # --- Keras hooks ---------------------------------------------------------------
         def on_train_begin(self, logs=None):
             epochs = self.writer.fields["epochs"] or self.params.get("epochs") or 0
-            self.writer.update(force=True, state="training", epochs=epochs,
+            self.writer.update(force=True, state=str(ProgressState.TRAINING), epochs=epochs,
                                steps_per_epoch=self._steps())
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -212,7 +214,7 @@ def _make_callback_class():
             if self._first_epoch is None:
                 self._first_epoch = epoch + 1
                 self.writer.fields["first_global_step"] = self._global_step()
-            self.writer.update(force=True, state="training", epoch=self._epoch, step=0,
+            self.writer.update(force=True, state=str(ProgressState.TRAINING), epoch=self._epoch, step=0,
                                first_epoch=self._first_epoch, global_step=self._global_step(),
                                samples_per_sec=None)
 
@@ -267,7 +269,7 @@ def _make_callback_class():
 
         def on_train_end(self, logs=None):
             if self.mark_done_on_train_end:
-                self.writer.update(force=True, state="done")
+                self.writer.update(force=True, state=str(ProgressState.DONE))
             else:
                 self.writer.update(force=True)
 

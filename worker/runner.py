@@ -21,6 +21,7 @@ from worker.data import input_pipelines
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
                                load_entrypoint, resolve_entrypoint)
 from worker.progress import ProgressWriter
+from worker.protocol import ProgressState
 from worker.strategy import cluster_from_env, task_id_from_env
 
 __all__ = ["DataContext", "EntrypointError", "Preempted", "RunConfig", "Task", "WorkerError",
@@ -91,7 +92,7 @@ def run(config: RunConfig) -> dict:
     info = cluster_from_env()
     task_id = task_id_from_env()
     writer = ProgressWriter(run_dir, task=task_id)
-    writer.update(force=True, state="starting")
+    writer.update(force=True, state=str(ProgressState.STARTING))
 
     with notice_held():
         entrypoint = resolve_entrypoint(config.entrypoint)
@@ -148,7 +149,7 @@ def run(config: RunConfig) -> dict:
     check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
     every = first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
     backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
-                                           lambda: writer.update(force=True, state="preempting"))
+                                           lambda: writer.update(force=True, state=str(ProgressState.PREEMPTING)))
     # the clock first (its step ends before any other callback's work), then the backup (a step is
     # backed up before anyone reports it finished)
     callbacks = [clock.callback(), backup] if clock is not None else [backup]
