@@ -10,6 +10,7 @@ from launcher.run.agent import Agent
 from launcher.engines import engine_for
 from launcher.errors import Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
+from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, summary
@@ -63,7 +64,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     run = owner.record
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
     run.engine = str(engine.kind)
-    claims: list[record.Lock] = []
+    claims: list[Lock] = []
     t0 = time.time()
     try:
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")

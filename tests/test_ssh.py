@@ -25,7 +25,7 @@ from conftest import IN_CI, REPO, Cli, command_lines_with, latest_state, reap, r
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
 
-from launcher.engines.supervised.preflight import sync_files  # noqa: E402
+from launcher.engines.supervised.sync import sync_files  # noqa: E402
 from launcher.engines.supervised.shell import _cd, shell_command  # noqa: E402
 
 needs_root = pytest.mark.skipif(

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.task.channel import Channel
-from worker.task.files import write_private
-from worker.task.host import Meter, die_with_parent, port_holder, write_problem
+from worker.task.folder import TaskFolder
+from worker.task.host import Meter, die_with_parent, port_holder
 from worker.task.lines import Lines
 from worker.task.spawn import OWN_GROUP
 
@@ -71,8 +71,7 @@ class TaskCore:
         self.lines = Lines()
         self.last_progress = ""
         self.notice = ""  # the signal that gave notice, if one did
-        self.failed_writes: set[str] = set()
-        self.log = None
+        self.folder = TaskFolder(setup.run_dir, self.tell)
         self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
         self.index = setup.env.get("MGPU_TASK_INDEX", "")
 
@@ -83,57 +82,23 @@ class TaskCore:
     def note(self, text: str) -> None:
         """A line of our own, shown with the task's output and kept in its log."""
         line = f"[mgpu task] {text}"
-        self.log_write((line + "\n").encode())
+        self.folder.log_write((line + "\n").encode())
         self.lines._add([line])
 
     def warn(self, text: str) -> None:
         """A problem the user should know of while the task goes on: a record, and a line in its log."""
         self.note(text)
+        self.tell(text)
+
+    def tell(self, text: str) -> None:
+        """A Note record, or one kept for the start when the channel's protocol is not loaded yet."""
         if protocol is not None:
             self.emit(protocol.Note(text=text))
         else:
             self.setup.notes.append(text)
 
-    def log_write(self, data: bytes) -> None:
-        if self.log is None:
-            return
-        try:
-            self.log.write(data)
-        except (OSError, ValueError) as exc:
-            self.log = None  # a full disk: worker.log stops; the output still reaches the launcher
-            self._write_failed(self.run_dir / "worker.log", exc)
-
-    def write(self, name: str, text: str) -> None:
-        try:
-            write_private(self.run_dir / name, text)
-        except OSError as exc:
-            self._write_failed(self.run_dir / name, exc)
-
-    def _write_failed(self, path: Path, exc: OSError) -> None:
-        if str(path.parent) in self.failed_writes:  # said once per folder: one paragraph, not one a file
-            return
-        self.failed_writes.add(str(path.parent))
-        text = (write_problem(path, exc) + "; the task goes on without its files there (its log and "
-                "progress may be missing) and its exit still reaches the launcher; free space there for the next run")
-        if protocol is not None:
-            self.emit(protocol.Note(text=text))
-        else:
-            self.setup.notes.append(text)
-
-    # ---- the task
     def prepare(self) -> None:
-        """The task's folder (owner only), stale files gone, worker.log open: each step may fail."""
-        try:
-            for folder in (self.run_dir.parent, self.run_dir):
-                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-                os.chmod(folder, 0o700)
-            for stale in ("exit_code", "progress.json", "pid", "task.json"):
-                (self.run_dir / stale).unlink(missing_ok=True)
-            fd = os.open(self.run_dir / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            self.log = os.fdopen(fd, "ab", buffering=0)
-        except OSError as exc:
-            self._write_failed(Path(exc.filename or self.run_dir), exc)
-        self.log_write(f"--- attempt {self.setup.attempt}: {' '.join(self.setup.argv)}\n".encode())
+        self.folder.prepare(f"--- attempt {self.setup.attempt}: {' '.join(self.setup.argv)}\n".encode())
 
     def run(self) -> int:
         s = self.setup
@@ -162,8 +127,8 @@ class TaskCore:
                 self.note(f"cannot pin to cpus {s.cpus}: {exc.strerror}")
         ident = procs.identity(self.proc.pid) or (self.proc.pid, time.time())
         me = procs.identity(os.getpid()) or (os.getpid(), time.time())
-        self.write("pid", f"{self.proc.pid}\n")
-        self.write("task.json", json.dumps({
+        self.folder.write("pid", f"{self.proc.pid}\n")
+        self.folder.write("task.json", json.dumps({
             "pid": ident[0], "create_time": ident[1], "supervisor_pid": me[0], "supervisor_create_time": me[1],
             "run_id": self.run_id, "index": self.index, "attempt": s.attempt, "host": s.host,
             "port": s.report_port}))
@@ -194,7 +159,7 @@ class TaskCore:
     def finish(self, code: int, reason: str = "") -> int:
         self.send_notes()
         self.forward(final=True)
-        self.write("exit_code", f"{code}\n")
+        self.folder.write("exit_code", f"{code}\n")
         self.emit(protocol.Exit(code=code, time=time.time(), tail=list(self.lines.tail), reason=reason,
                                 notice=self.notice))
         return 128 - code if code < 0 else code
@@ -208,7 +173,7 @@ class TaskCore:
                 chunk = b""
             if not chunk:
                 break
-            self.log_write(chunk)
+            self.folder.log_write(chunk)
             self.lines.feed(chunk)
             if self.setup.echo:
                 try:

@@ -59,7 +59,7 @@ class SupervisedEngine(Engine):
                          hold=for_start)
 
     def claim_ports(self) -> list:
-        from launcher.run.record import claim_ports
+        from launcher.run.lock import claim_ports
 
         return claim_ports(self.run_id, self.plans)
 

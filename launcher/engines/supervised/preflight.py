@@ -20,13 +20,13 @@ from launcher import devices
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
+from launcher.engines.supervised.sync import run_sync
 from launcher.engines.supervised.transport import LocalTransport, Transport
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
 HOSTS_AT_ONCE = 16
 HOLD_S = 120.0  # how long a held doctor waits for the start
-SKIP_DIRS = {"__pycache__"}
 
 
 def each(fn: Callable, items: list, width: int) -> list[tuple]:
@@ -163,65 +163,6 @@ def address_problems(plans: list[TaskPlan]) -> dict[int, str]:
             for p in local}
 
 
-# --------------------------------------------------------------------------- sync
-
-def sync_files(items: list[str], base: Path) -> tuple[list[tuple[str, str]], list[str]]:
-    """The spec's `sync` entries as (local file, path relative to the workdir), and problems.
-
-    A relative entry keeps its path below the spec's folder (`data/x.csv` -> `<workdir>/data/x.csv`);
-    an absolute one, or one outside that folder, lands under its own name. Folders are copied
-    whole, without __pycache__."""
-    files: list[tuple[str, str]] = []
-    problems = []
-    base = Path(os.path.abspath(base))
-    for item in items:
-        src = Path(os.path.normpath(base / os.path.expanduser(item)))  # an absolute item stays itself
-        try:
-            rel = src.relative_to(base)
-        except ValueError:
-            rel = Path(src.name)
-        if not src.exists():
-            problems.append(f"sync: {item!r} does not exist ({src})")
-            continue
-        if src.is_file():
-            files.append((str(src), rel.as_posix()))
-            continue
-        for folder, dirs, names in os.walk(src):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            for name in sorted(names):
-                path = Path(folder) / name
-                if path.is_file():
-                    files.append((str(path), (rel / path.relative_to(src)).as_posix()))
-    return files, problems
-
-
-def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
-             say: Callable[[str], None]) -> dict[int, str]:
-    """Copy the sync files to each remote (host, workdir) once; problems by task index."""
-    files, problems = sync_files(spec.sync, base)
-    if problems:
-        return {p.index: "; ".join(problems) for p in plans}
-    targets: dict[tuple, list[TaskPlan]] = {}
-    for p in plans:
-        targets.setdefault((id(transports[p.index]), p.cwd), []).append(p)
-    found_groups = list(targets.values())
-
-    def one(group: list[TaskPlan]):
-        t0 = time.monotonic()
-        return transports[group[0].index].sync(files, group[0].cwd), time.monotonic() - t0
-
-    found = {}
-    for group, (res, error) in zip(found_groups, each(one, found_groups, HOSTS_AT_ONCE)):
-        if error is not None:
-            found.update({p.index: error for p in group})
-        elif res[0] is not None:
-            result, took = res
-            where = group[0].cwd or "the login folder"
-            say(f"sync {group[0].host.label}:{where}: {result['copied']} file(s) copied "
-                f"({result['bytes'] / 1e6:.1f} MB), {result['unchanged']} unchanged, in {took:.2f} s")
-    return found
-
-
 # --------------------------------------------------------------------------- cluster check
 
 def mesh_seconds(spec: ClusterSpec) -> float:
@@ -271,7 +212,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
         return checks  # nothing more is done on any host when one cannot be reached
 
     if spec.sync and base is not None:
-        for index, problem in run_sync(spec, plans, transports, base, say).items():
+        for index, problem in run_sync(spec, plans, transports, base, say, HOSTS_AT_ONCE).items():
             checks[index].problems.append(problem)
         if not all(c.ok for c in checks):
             return checks

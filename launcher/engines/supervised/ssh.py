@@ -13,36 +13,23 @@ the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `launch.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
 import threading
 import time
 
 import paramiko
 from fabric import Connection
 
-from launcher.errors import MgpuError
 from launcher.plan import TaskPlan
 from launcher.spec import Host, Launch
-from launcher.engines.supervised.hostkeys import check_host_keys, hostkey_name
+from launcher.engines.supervised.sshconn import HostUnreachable, close_quietly, lines, open_connection
 from launcher.engines.supervised.shell import shell_command
-from launcher.engines.supervised.sync import sync_over_sftp
-from launcher.engines.supervised.transport import MAX_RECORD, Handle, Sink, Transport, env_line, pump
-
-logging.getLogger("paramiko").addHandler(logging.NullHandler())  # errors reach the user as HostUnreachable
+from launcher.engines.supervised.sftp import sync_over_sftp
+from launcher.engines.supervised.transport import Handle, Sink, Transport, env_line, pump
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
 POLL_S = 0.02
 
-class HostUnreachable(MgpuError):
-    """A host cannot be reached, authenticated or trusted over SSH."""
-
-    exit_code = 2
-
-
-# --------------------------------------------------------------------------- transport
 
 class SSHHandle(Handle):
     def __init__(self, channel: paramiko.Channel, owner: "SSHTransport"):
@@ -110,71 +97,15 @@ class SSHTransport(Transport):
             return self.conn
 
     def _open(self) -> Connection:
-        timeout = self.launch.connect_timeout
-        kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout}
-        if self.host.identity_file:
-            kwargs["key_filename"] = [os.path.expanduser(self.host.identity_file)]
-        try:  # fabric reads ~/.ssh/config: User, Port, IdentityFile, HostName, ProxyJump ...
-            conn = Connection(self.host.address, user=self.host.user, port=self.host.ssh_port,
-                              connect_timeout=max(1, round(timeout)), connect_kwargs=kwargs)
-        except Exception as exc:  # a broken ~/.ssh/config, an unusable ProxyJump
-            raise HostUnreachable(f"{self.where}: cannot set up SSH from your ssh config: {exc}") from None
-        self.known_hosts = check_host_keys(conn, self.launch)
-        try:
-            conn.open()
-        except Exception as exc:
-            hop = conn  # the first hop that is not connected is the one that failed
-            while isinstance(hop.gateway, Connection) and not hop.gateway.is_connected:
-                hop = hop.gateway
-            message = self._explain(hop, exc, via=None if hop is conn else conn)
-            _close(conn)
-            raise HostUnreachable(message) from None
-        conn.transport.set_keepalive(5)
+        conn, self.known_hosts = open_connection(self.host, self.launch, self.where)
         return conn
-
-    def _explain(self, conn: Connection, exc: Exception, via: Connection | None = None) -> str:
-        """One paragraph: which host (or jump host on the way to it), what went wrong, what to do."""
-        target = f"{conn.user}@{conn.host}" + (f" port {conn.port}" if int(conn.port) != 22 else "")
-        name = f"host {self.host.name} ({target})" if self.host.name else f"host {target}"
-        if via is not None:
-            name = f"jump host {target} (ProxyJump on the way to {self.host.label})"
-        port_opt = f"-p {conn.port} " if int(conn.port) != 22 else ""
-        files = (self.known_hosts or ["~/.ssh/known_hosts"])[0]
-        if isinstance(exc, paramiko.BadHostKeyException):
-            return (f"{name}: its SSH host key has CHANGED since it was recorded in known_hosts (it now offers a "
-                    f"{exc.key.get_name()} key with fingerprint {exc.key.fingerprint}). That happens when a host is "
-                    "reinstalled, and also in a man-in-the-middle attack, so the connection was refused. If you trust "
-                    f"the new key, remove the old one with 'ssh-keygen -R {hostkey_name(conn)}' and connect once with "
-                    f"'ssh {port_opt}{conn.user}@{conn.host}'. accept_new_host_keys does not accept a changed key.")
-        if isinstance(exc, paramiko.AuthenticationException):
-            return (f"{name}: SSH authentication failed ({exc}). Check the user and key ('user' and 'identity_file' "
-                    "in the spec, or User and IdentityFile in ~/.ssh/config) and that the key is in the host's "
-                    f"authorized_keys; try 'ssh {port_opt}{conn.user}@{conn.host} true'.")
-        if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-            return (f"{name}: its SSH host key is not in known_hosts ({files}), so the connection was refused "
-                    "(host keys are checked to stop man-in-the-middle attacks). Check the key, then record it with "
-                    f"'ssh-keyscan {port_opt}-H {conn.host} >> {files}' (or connect once with 'ssh {port_opt}"
-                    f"{conn.user}@{conn.host}'), or set accept_new_host_keys = true under [launch] to accept and "
-                    "record keys of hosts seen for the first time.")
-        if isinstance(exc, (socket.timeout, TimeoutError)) or "timed out" in str(exc).lower():
-            return (f"{name}: no SSH answer within connect_timeout = {self.launch.connect_timeout:g} s. Check that "
-                    "the host is up and reachable from this machine (address, firewall, VPN), or raise "
-                    "connect_timeout under [launch].")
-        if isinstance(exc, (OSError, EOFError, paramiko.SSHException)):
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-                reason = "connection refused"
-            return (f"{name}: cannot connect over SSH ({reason}). Check that the host is up, that sshd runs there "
-                    f"and listens on port {conn.port} (ssh_port in the spec), and try 'ssh {port_opt}"
-                    f"{conn.user}@{conn.host} true'.")
-        return f"{name}: SSH failed: {type(exc).__name__}: {exc}"
 
     def _drop(self) -> None:
         """Forget a connection that stopped answering; the next use reconnects (or fails fast)."""
         with self.lock:
             conn, self.conn = self.conn, None
         if conn is not None:
-            threading.Thread(target=_close, args=(conn,), daemon=True).start()  # never block on a dead peer
+            threading.Thread(target=close_quietly, args=(conn,), daemon=True).start()  # never block on a dead peer
 
     def _session(self, timeout: float, overflow: bool = False) -> paramiko.Channel:
         """A new session channel: on the host's connection, else (sshd refused one more session on it:
@@ -214,7 +145,7 @@ class SSHTransport(Transport):
                 ch.exec_command(command)
                 return ch
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                _close(ch)
+                close_quietly(ch)
                 if overflow or not ch.get_transport().is_active():
                     raise HostUnreachable(f"{self.where}: cannot run a command over SSH: {exc}") from None
         raise AssertionError("unreachable")
@@ -246,7 +177,7 @@ class SSHTransport(Transport):
             self._drop()
             raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
         finally:
-            _close(ch)
+            close_quietly(ch)
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
@@ -270,15 +201,15 @@ class SSHTransport(Transport):
                     while ch.recv_stderr_ready():
                         err.extend(ch.recv_stderr(65536))
                     code = ch.recv_exit_status()
-                    _close(ch)
+                    close_quietly(ch)
                     return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
                 elif time.monotonic() > deadline:
-                    _close(ch)
+                    close_quietly(ch)
                     raise HostUnreachable(f"{self.where}: the host check did not answer within {timeout:g} s")
                 else:
                     time.sleep(POLL_S)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            _close(ch)
+            close_quietly(ch)
             self._drop()
             raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
         with self.channels_lock:
@@ -298,7 +229,7 @@ class SSHTransport(Transport):
                 raise OSError("no held check")
         except (OSError, EOFError, paramiko.SSHException):
             if held is not None:
-                _close(held)
+                close_quietly(held)
             argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
             channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
         try:
@@ -313,12 +244,12 @@ class SSHTransport(Transport):
 
         def run() -> None:
             try:
-                pump(plan.index, _lines(channel), sink,
+                pump(plan.index, lines(channel), sink,
                      lambda: f"the SSH connection to {self.where} ended with no exit report (the host went down, "
                              "or its sshd or the task's processes were killed)")
             finally:
                 self.forget(channel)
-                _close(channel)
+                close_quietly(channel)
 
         threading.Thread(target=run, daemon=True).start()
         return SSHHandle(channel, self)
@@ -363,37 +294,9 @@ class SSHTransport(Transport):
         with self.channels_lock:
             held, self.held = list(self.held.values()), {}
         for ch in held:  # EOF: a check that was kept for a start that did not come ends itself
-            _close(ch)
+            close_quietly(ch)
         with self.lock:
             conns, self.conn, self.extra = [self.conn, *self.extra], None, []
         for conn in conns:
             if conn is not None:
-                _close(conn)
-
-
-def _close(thing: paramiko.Channel | Connection) -> None:
-    """Close a channel or connection whose peer may be gone: closing sends a message, and on a socket
-    the peer has just reset that raises (EPIPE, EOFError), which must not end the thread that closes."""
-    try:
-        thing.close()
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-
-
-def _lines(channel: paramiko.Channel):
-    """Lines (bytes) of a channel's output (stderr merged) until it closes."""
-    buf = b""
-    while True:
-        try:
-            chunk = channel.recv(65536)
-        except (OSError, EOFError, paramiko.SSHException):
-            chunk = b""
-        if not chunk:
-            if buf:
-                yield buf
-            return
-        buf += chunk
-        *complete, buf = buf.split(b"\n")
-        yield from complete
-        if len(buf) > MAX_RECORD:  # not one of our records: drop it rather than grow
-            buf = b""
+                close_quietly(conn)

@@ -1,0 +1,67 @@
+"""Locks held by a process until it releases them or dies (kill -9 included): a run's record has one
+writer, and a host:port one run."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import time
+from pathlib import Path
+
+from launcher.errors import PreflightError
+from launcher.plan import TaskPlan, mgpu_home
+
+
+class Lock:
+    """An flock on a file; held until released or until the holder dies (kill -9 included)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self, timeout: float = 0.0) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = fd
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
+    """Hold host:port of every task for this run (released when the launcher ends, even by kill -9):
+    a second `up` on the same port is refused, naming the run that holds it, before anything starts."""
+    folder = mgpu_home() / "ports"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    held, problems = [], []
+    for plan in plans:
+        host = "localhost" if plan.host.is_local else plan.host.address.lower()
+        lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
+        if lock.acquire():
+            os.ftruncate(lock.fd, 0)
+            os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
+            held.append(lock)
+            continue
+        try:
+            holder, pid = lock.path.read_text().split()
+        except (OSError, ValueError):
+            holder, pid = "another run", "?"
+        problems.append(f"{plan.label}: port {plan.host.port} on {plan.host.label} is held by run {holder} "
+                        f"(launcher pid {pid}); stop it with 'mgpu-cluster down {holder}', or choose another port")
+    if problems:
+        for lock in held:
+            lock.release()
+        raise PreflightError("preflight refused the cluster, nothing was started:\n  " + "\n  ".join(problems))
+    return held
