@@ -168,13 +168,13 @@ def main() -> None:
         returned = app(standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt it caught
         code = returned if isinstance(returned, int) else 0
         if code == 130:
-            _error(f"{interrupts.reason()}; nothing is left running")
+            _error(interrupts.reason())
     except MgpuError as exc:
         code = exc.exit_code
         _error(str(exc))
     except KeyboardInterrupt:
         code = 130
-        _error(f"{interrupts.reason()}; nothing is left running")
+        _error(interrupts.reason())
     except Exception as exc:  # click's (or typer's own copy of click's) usage errors and aborts
         names = {cls.__name__ for cls in type(exc).__mro__}
         if "ClickException" in names:
@@ -185,7 +185,7 @@ def main() -> None:
                 pass
         elif "Abort" in names:
             code = 130
-            _error(f"{interrupts.reason()}; nothing is left running")
+            _error(interrupts.reason())
         elif "Exit" in names:
             code = getattr(exc, "exit_code", 0)
         else:

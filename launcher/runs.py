@@ -13,23 +13,32 @@ import signal
 import time
 from pathlib import Path
 
-from launcher.run import record
-from launcher.run.failure import Failure, FailureKind
+from launcher.run import interrupts, record
+from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.progress import typed
 from launcher.engines import Engine, engine_for
-from launcher.errors import RunFailed, RunNotFound
+from launcher.errors import Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
 from launcher.run.output import Output
 from launcher.specfile import load_spec
-from launcher.engines.base import parallel
-from launcher.run.tables import status_plain, status_table
+from launcher.engines.base import EngineKind, parallel
+from launcher.run.tables import plain, render
 from worker.task import procs
 from worker.protocol import EXIT_PREEMPTED, RunState, TaskState
 
 DOWN_WAIT_S = 60.0
+SETTLE_WAIT_S = 5.0
 
 
 def _engine(run: record.RunRecord) -> Engine:
-    spec = load_spec(record.run_path(run.run_id) / "spec.toml", base=Path(run.spec_path).parent)
+    path = record.run_path(run.run_id) / "spec.toml"
+    try:
+        spec = load_spec(path, base=Path(run.spec_path).parent)
+    except SpecError as exc:
+        why = str(exc)[:300] if path.exists() else f"{path} is missing"
+        raise RunCorrupt(f"run {run.run_id}: the copy of its spec that the run keeps cannot be used, so its tasks' "
+                         f"hosts are unknown ({why}). If its tasks may still run, stop them on their "
+                         f"hosts (their folders are under .mgpu/runs/{run.run_id}/); remove {path.parent} when done."
+                         ) from None
     engine = engine_for(spec, run.run_id)
     engine.attach({t.index: (t.host, t.port) for t in run.tasks}, run.job)
     return engine
@@ -49,7 +58,7 @@ def _task_state(row: dict) -> TaskState:
 def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.RunRecord, list | None]:
     """A run whose launcher is gone without recording the end: ask the hosts, and record what they
     say (as the run's writer, under its lock). Returns the record and the per-task probe results."""
-    owner = record.Owner.take(run.run_id, timeout=0)
+    owner = record.Owner.take(run.run_id, timeout=SETTLE_WAIT_S)  # another `status` may be settling it now
     if owner is None:  # someone (a `down`) is acting on it now: their record is the truth
         return record.load(run.run_id), None
     try:
@@ -131,46 +140,6 @@ def straggler_json(tasks: list[dict]) -> dict | None:
     return found.to_json() if found else None
 
 
-def _split_lines(snap: dict) -> list[str]:
-    """The replicas in sync, the step split per task, and the straggler, for the plain and rich views."""
-    replicas = next((t["replicas"] for t in snap["tasks"] if t.get("replicas")), None)
-    head = [f"replicas in sync: {replicas} over {len(snap['tasks'])} worker(s)"] if replicas else []
-    parts = [f"task {t['index']} {t['compute_ms']:.1f} / {t['wait_ms']:.1f}" for t in snap["tasks"]
-             if isinstance(t.get("compute_ms"), (int, float)) and isinstance(t.get("wait_ms"), (int, float))]
-    lines = head + ([f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else [])
-    if snap.get("straggler"):
-        lines.append(f"straggler: task {snap['straggler']['task']} ({snap['straggler']['ratio']:.2f}x the median "
-                     "of the others' own work per step)")
-    return lines
-
-
-def _job_line(snap: dict) -> str | None:
-    job = snap.get("job")
-    if not job:
-        return None
-    reason = f" ({job['reason']})" if job.get("reason") else ""
-    return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
-
-
-def _render(snap: dict, width: int):
-    from rich.console import Group
-    from rich.text import Text
-
-    lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
-    lines += [Text(line) for line in _split_lines(snap)]
-    if snap["failure"]:
-        lines.append(Text(snap["failure"]["message"]))
-    if _job_line(snap):
-        lines.insert(0, Text(_job_line(snap)))
-    return Group(status_table(snap, width), *lines)
-
-
-def _plain(snap: dict) -> str:
-    lines = [status_plain(snap), *filter(None, [_job_line(snap)]), *_split_lines(snap)]
-    lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
-    return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))
-
-
 def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
     out = Output(threaded=False)
     run = record.load(run_id)
@@ -185,7 +154,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             probes = None
             if not run.ended and not record.launcher_alive(run):
                 run, probes = settle(run)
-            elif probe or run.engine == "slurm":  # asking Slurm and a shared folder is cheap
+            elif probe or run.engine == EngineKind.SLURM:  # asking Slurm and a shared folder is cheap
                 engine = _engine(run)
                 try:
                     probes = engine.probe(list(range(len(run.tasks))))
@@ -195,12 +164,12 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             if as_json:
                 print(json.dumps(snap), flush=True)
             elif live is not None:
-                live.update(_render(snap, out.console.width), refresh=True)
+                live.update(render(snap, out.console.width), refresh=True)
             elif out.console.is_terminal:
-                out.show(_render(snap, out.console.width))
+                out.show(render(snap, out.console.width))
             else:
-                print(_plain(snap), flush=True)
-            if not watch or snap["state"] in ("succeeded", "failed", "stopped", "lost"):
+                print(plain(snap), flush=True)
+            if not watch or RunState(snap["state"]).ended:
                 return
             time.sleep(2.0)
             run = record.load(run.run_id)
@@ -252,7 +221,10 @@ def _ask_launcher(run: record.RunRecord, out: Output) -> None:
     proc = procs.same(run.agent_pid, run.agent_create_time)
     if proc is None:
         return
-    (record.run_path(run.run_id) / "down.request").write_text(f"{os.getpid()}\n")
+    try:  # how the launcher tells `down` from a Ctrl-C; on a full MGPU_HOME it stops all the same
+        (record.run_path(run.run_id) / "down.request").write_text(f"{os.getpid()}\n")
+    except OSError:
+        pass
     out.say(f"asking the launcher of run {run.run_id} (pid {proc.pid}) to stop every task")
     proc.send_signal(signal.SIGTERM)
     deadline = time.time() + DOWN_WAIT_S
@@ -262,6 +234,14 @@ def _ask_launcher(run: record.RunRecord, out: Output) -> None:
 
 def down(run_id: str | None) -> None:
     run = record.load(run_id)
+    try:
+        _down(run)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{interrupts.reason()} during 'mgpu-cluster down': tasks of run {run.run_id} may still "
+                          f"run; run 'mgpu-cluster down {run.run_id}' again") from None
+
+
+def _down(run: record.RunRecord) -> None:
     out = Output(threaded=False)
     if record.launcher_alive(run):
         _ask_launcher(run, out)
@@ -277,11 +257,15 @@ def down(run_id: str | None) -> None:
         finally:
             engine.close()
         problems = [f"{engine.plan[i].label}: {r.error}" for i, r in enumerate(results) if not r.ok]
+        unreached = [i for i, r in enumerate(results) if not r.ok]
         for t in run.tasks:
-            if t.state in (TaskState.PENDING, TaskState.RUNNING):
-                t.state = TaskState.STOPPED
+            if t.state in (TaskState.PENDING, TaskState.RUNNING):  # one we could not reach may still run
+                t.state = TaskState.LOST if t.index in unreached else TaskState.STOPPED
         if not run.ended:
-            run.set_state(RunState.STOPPED, Failure(kind=FailureKind.STOPPED, message="stopped by 'mgpu-cluster down'"))
+            words = stop_words([str(t.index) for t in run.tasks if t.index not in unreached],
+                               [engine.plan[i].label for i in unreached], engine.spec.launch.lifeline)
+            run.set_state(RunState.STOPPED, Failure(kind=FailureKind.STOPPED,
+                                                    message=f"stopped by 'mgpu-cluster down'; {words}"))
         owner.save()
     finally:
         owner.release()

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.run import interrupts, record
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
-from launcher.errors import Interrupted, PreflightError, RunFailed, SpecError
+from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
@@ -85,17 +85,17 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         out.say(phases(run))
         say_straggler(out, run)
         out.say(f"run {run_id} succeeded in {time.time() - t0:.1f} s")
-    except (PreflightError, KeyboardInterrupt) as exc:  # before any task started
+    except (PreflightError, HomeError, KeyboardInterrupt) as exc:  # before any task started
         with interrupts.shield():
             if run.state == RunState.PREFLIGHT:
                 stopped = isinstance(exc, KeyboardInterrupt)
                 run.set_state(RunState.STOPPED if stopped else RunState.FAILED, Failure(
                     kind=FailureKind.STOPPED if stopped else FailureKind.REFUSED,
                     message=(f"{interrupts.reason()} during the preflight; nothing was started" if stopped
-                             else "preflight refused: " + str(exc))))
+                             else str(exc) if isinstance(exc, HomeError) else "preflight refused: " + str(exc))))
                 owner.save()
-        if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(run.failure.message) from None
+        if isinstance(exc, KeyboardInterrupt):  # (a run that succeeded just before keeps its record)
+            raise Interrupted(run.failure.message if run.failure else interrupts.reason()) from None
         raise
     except (RunFailed, Interrupted):
         out.show(summary(run, out.console.width))

@@ -735,3 +735,30 @@ def test_fail_fast_over_a_slow_link_while_a_task_floods_output(cli, th, tmp_path
     print(f"\nslow link ({rate}/s): peer stopped {took:.2f} s after the flooding task exited")
     assert up.returncode == 1 and "exited with code 3" in out and "Traceback" not in out, out
     assert gone and took < 3.0, f"the peer was stopped {took:.1f} s after the failure"
+
+
+@needs_root
+def test_down_with_a_host_cut_off_records_what_it_could_not_reach(cli, th, tmp_path):
+    """`down` of a detached run with one host cut off: the screen and the record say which tasks were
+    stopped and which could not be reached (they stop by their lifeline), never "every task"."""
+    victim = 1
+    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 10, "connect_timeout": 3})
+    r = cli("up", "--detach", spec, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
+    cut_pids = [st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]]
+    th.cut(victim)
+    try:
+        down = cli("down", timeout=180)
+        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+    finally:
+        th.restore(victim)
+    out = down.stdout + down.stderr
+    assert down.returncode == 1 and "Traceback" not in out and "every task is stopped" not in out, out
+    assert f"{th.addresses[victim]}:{PORT}" in out and "could not be reached" in out, out
+    snap = status_json(cli)
+    assert snap["state"] == "stopped" and snap["tasks"][victim]["state"] == "lost", snap
+    failure = snap["failure"]
+    assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
+    assert "could not be reached" in failure["message"] and "lifeline" in failure["message"], failure
+    assert not wait_gone(tmp_path, 30)

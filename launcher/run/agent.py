@@ -15,7 +15,7 @@ from launcher.engines import Engine, engine_for
 from launcher.engines.base import SchedulerCause
 from launcher.errors import Interrupted, RunFailed
 from launcher.run import interrupts
-from launcher.run.failure import Failure, FailureKind
+from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.output import Output
 from launcher.run.record import Attempt, Owner, run_path
 from launcher.run.watch import TAIL_LINES, Watch
@@ -79,17 +79,17 @@ class Agent(Watch):
                 if outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
                     run.preemptions += 1
                     self.out.say(f"attempt {run.attempt} was preempted: {reason}")
-                    self.out.say(f"restarting the whole group after preemption {run.preemptions} (not counted "
-                                 "against max_restarts); it resumes from its last checkpoint")
+                    self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
+                                    "against max_restarts); it resumes from its last checkpoint")
                 elif outcome == Outcome.FAILED and not final and self.shrink():
                     self.out.say(f"attempt {run.attempt} lost a host: {reason}")
-                    self.out.say(f"going on with {len(self.plans)} task(s) ({', '.join(map(self.label, self.plan_of))});"
-                                 " they resume from the last checkpoint with a new TF_CONFIG")
+                    self.restarting(f"going on with {len(self.plans)} task(s) ({', '.join(map(self.label, self.plan_of))});"
+                                    " they resume from the last checkpoint with a new TF_CONFIG")
                 elif outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
                     run.restarts += 1
                     self.out.say(f"attempt {run.attempt} failed: {reason}")
-                    self.out.say(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
-                                 "after that failure; it resumes from its last checkpoint")
+                    self.restarting(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
+                                    "after that failure; it resumes from its last checkpoint")
                 else:
                     if outcome == Outcome.PREEMPTED:
                         failure = Failure(kind=FailureKind.SCHEDULER, message=(
@@ -113,14 +113,14 @@ class Agent(Watch):
                     self.teardown("the launcher is exiting")
                 self.owner.save()
 
+    def restarting(self, words: str) -> None:
+        """Say that the group goes on, unless a Ctrl-C or `down` came while the attempt was torn down."""
+        interrupts.raise_pending()
+        self.out.say(words)
+
     def stop_words(self, unreached: list[int]) -> str:
-        """What a stop achieved, truthfully: which tasks stopped, which could not be reached."""
-        if not unreached:
-            return "every task was stopped"
-        reached = [str(i) for i in self.plan_of if i not in unreached]
-        return (f"{'task(s) ' + ', '.join(reached) + ' were stopped; ' if reached else ''}"
-                f"{', '.join(map(self.label, unreached))} could not be reached: they stop by themselves when they "
-                f"hear nothing from this launcher for {self.spec.launch.lifeline:g} s (lifeline)")
+        return stop_words([str(i) for i in self.plan_of if i not in unreached], list(map(self.label, unreached)),
+                          self.spec.launch.lifeline)
 
     def shrink(self) -> bool:
         """Elastic runs (min_hosts): leave out the hosts that no longer answer, if enough remain."""

@@ -34,13 +34,14 @@ def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = F
                 run = record.load(run_id)
             except RunNotFound:  # not written yet
                 run = None
-            if run is not None and run.state == RunState.RUNNING:
+            if run is not None and run.state in (RunState.RUNNING, RunState.SUCCEEDED):
                 _move(out_path, run_id)
-                out.say(f"run {run_id} is running detached ({n_tasks} task(s)); "
-                        f"'mgpu-cluster status {run_id}' to watch, 'mgpu-cluster down {run_id}' to stop")
+                out.say(f"run {run_id} is running detached ({n_tasks} task(s)); 'mgpu-cluster status {run_id}' to "
+                        f"watch, 'mgpu-cluster down {run_id}' to stop" if run.state == RunState.RUNNING else
+                        f"run {run_id} already succeeded; 'mgpu-cluster logs {run_id}' shows its output")
                 return
             if code is not None:
-                tail = out_path.read_text(errors="replace")[-3000:]
+                tail = run.failure.message if run is not None and run.failure else _tail(out_path)
                 _move(out_path, run_id)
                 err = RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}")
                 err.exit_code = code if code in (1, 2, 130) else 1
@@ -52,6 +53,13 @@ def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = F
     _stop_background(proc)
     raise RunFailed(f"run {run_id} did not reach running within {DETACH_WAIT_S:.0f} s and was stopped; "
                     f"'mgpu-cluster logs {run_id}' shows why")
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-3000:]
+    except OSError as exc:
+        return f"(its output {path} cannot be read: {exc.strerror or exc})"
 
 
 def _move(out_path: Path, run_id: str) -> None:

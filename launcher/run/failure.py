@@ -8,6 +8,7 @@ import enum
 import signal
 from dataclasses import asdict, dataclass, field
 
+from launcher.run import fields
 from worker import protocol
 
 
@@ -48,11 +49,9 @@ class Failure:
     def from_json(cls, data) -> "Failure | None":
         if isinstance(data, str):  # a record written before failures were data
             return cls(kind=FailureKind.EXITED, message=data)
-        if not isinstance(data, dict):
-            return None
         try:
-            return cls(**{**data, "kind": FailureKind(data["kind"])})
-        except (KeyError, TypeError, ValueError):
+            return fields.build(cls, data, {"kind": FailureKind})
+        except (TypeError, ValueError):  # damaged: the run's record stands without it
             return None
 
 
@@ -100,3 +99,12 @@ def with_stacks(failure: Failure, frames: list[str]) -> Failure:
     shown = "\n".join(f"    {f}" for f in frames)
     return dataclasses.replace(failure, message=f"{failure.message}\nWhere its training was (innermost frame last; "
                                                 f"every task's stacks are in launcher.log):\n{shown}")
+
+
+def stop_words(stopped: list[str], unreached: list[str], lifeline: float) -> str:
+    """What a stop achieved, truthfully: which tasks stopped, which could not be reached."""
+    if not unreached:
+        return "every task was stopped"
+    return (f"{'task(s) ' + ', '.join(stopped) + ' were stopped; ' if stopped else ''}{', '.join(unreached)} could "
+            f"not be reached: they stop by themselves when they hear nothing from their launcher for {lifeline:g} s "
+            "(lifeline)")

@@ -37,6 +37,15 @@ def pending() -> str | None:
     return _state["pending"]
 
 
+def raise_pending() -> None:
+    """Act now on a signal that came while shielded: what was shielded is done, and nothing new may
+    start (a restart after a Ctrl-C or a `down` that came during the teardown)."""
+    name = _state["pending"]
+    if name:
+        _state["pending"], _state["signal"] = None, name
+        raise KeyboardInterrupt(name)
+
+
 @contextlib.contextmanager
 def shield(say: Callable[[str], None] | None = None):
     """Signals that come inside are noted, not raised: what is inside always finishes."""

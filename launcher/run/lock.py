@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from launcher.errors import PreflightError
+from launcher.errors import HomeError, PreflightError
 from launcher.plan import TaskPlan, mgpu_home
 
 
@@ -44,16 +44,23 @@ def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
     """Hold host:port of every task for this run (released when the launcher ends, even by kill -9):
     a second `up` on the same port is refused, naming the run that holds it, before anything starts."""
     folder = mgpu_home() / "ports"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     held, problems = [], []
     for plan in plans:
         host = "localhost" if plan.host.is_local else plan.host.address.lower()
         lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
-        if lock.acquire():
-            os.ftruncate(lock.fd, 0)
-            os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
-            held.append(lock)
-            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if lock.acquire():
+                held.append(lock)
+                os.ftruncate(lock.fd, 0)
+                os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
+                continue
+        except OSError as exc:
+            for taken in held:
+                taken.release()
+            raise HomeError(f"cannot hold the port claims of run {run_id} in {folder}: {exc.strerror or exc}, so "
+                            "nothing was started. Free space there or fix its permissions, or set MGPU_HOME to a "
+                            "folder you can write, then run again.") from None
         try:
             holder, pid = lock.path.read_text().split()
         except (OSError, ValueError):

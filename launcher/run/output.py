@@ -71,7 +71,10 @@ class Output:
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self.log = None
         if log_path:
-            self.log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
+            try:
+                self.log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
+            except OSError:  # a full MGPU_HOME: the run goes on, said on screen (Owner.save tells it)
+                pass
         self.items: collections.deque = collections.deque()
         self.pending_lines = 0
         self.dropped: dict[int, int] = {}

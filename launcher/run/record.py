@@ -6,7 +6,6 @@ launcher is gone). Files are readable by their owner only (the spec copy holds t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -18,10 +17,12 @@ from pathlib import Path
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.plan import TaskPlan, mgpu_home
+from launcher.run import fields
 from launcher.run.failure import Failure
 from launcher.run.lock import Lock
 from worker.protocol import AttemptOutcome, RunState, TaskState
 from worker.task.files import write_private
+from worker.task.host import free_space
 
 VERSION = 3
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -77,7 +78,7 @@ class RunRecord:
     ended_at: float | None = None
     failure: Failure | None = None
     job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
-    phases: dict = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # when each phase began, or took (preflight_s)
     attempts: list[Attempt] = field(default_factory=list)
     tasks: list[TaskRecord] = field(default_factory=list)
     version: int = VERSION
@@ -100,19 +101,21 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, text: str) -> "RunRecord":
+        """A record as written; ValueError or TypeError (naming the field) for one that is damaged."""
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         if data.get("version") != VERSION:
             raise OldVersion(f"record version {data.get('version', 1)}, this mgpu-cluster reads version {VERSION}")
-        data["state"] = RunState(data["state"])
-        data["tasks"] = [TaskRecord(**{**t, "state": TaskState(t["state"])}) for t in data.get("tasks", [])]
-        data["attempts"] = [Attempt(**{**a, "outcome": AttemptOutcome(a["outcome"]) if a.get("outcome") else None,
-                                       "failure": Failure.from_json(a.get("failure"))})
-                            for a in data.get("attempts", [])]
-        data["failure"] = Failure.from_json(data.get("failure"))
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+
+        def failure(value):
+            return Failure.from_json(value) if value is not None else None
+
+        def attempts(items):
+            return [fields.build(Attempt, a, {"failure": failure}) for a in items]
+
+        return fields.build(cls, data, {"failure": failure, "attempts": attempts,
+                                        "tasks": lambda items: [fields.build(TaskRecord, t) for t in items]})
 
 
 class OldVersion(ValueError):
@@ -161,7 +164,7 @@ def load(run_id: str | None = None) -> RunRecord:
     run_id = run_id or latest_id()
     path = run_path(run_id) / "state.json"
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", "replace")  # a damaged record is told as corrupt, below
     except FileNotFoundError:
         raise RunNotFound(f"Run {run_id!r} not found under {runs_dir()}; 'mgpu-cluster status' shows the "
                           "latest run.") from None
@@ -200,24 +203,32 @@ class Owner:
 
     @classmethod
     def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool) -> "Owner":
-        """A new run, recorded (state preflight) before anything else happens."""
-        folder = runs_dir(create=True) / run_id
-        folder.mkdir(mode=0o700)
-        lock = Lock(folder / "run.lock")
-        lock.acquire()
-        copy = folder / "spec.toml"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(spec_path, "rb") as src, os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        """A new run, recorded (state preflight) before anything else happens; a run that cannot be
+        recorded (a full or read-only MGPU_HOME) is not started."""
         import psutil
 
+        folder = runs_dir(create=True) / run_id
         record = RunRecord(
             run_id=run_id, spec_path=str(Path(spec_path).resolve()), agent_pid=os.getpid(),
             agent_create_time=psutil.Process().create_time(), detached=detached,
             tasks=[TaskRecord(index=p.index, host=p.host.label, address=p.host.address, port=p.host.port,
                               run_dir=p.run_dir) for p in plans])
+        lock = Lock(folder / "run.lock")
+        try:
+            folder.mkdir(mode=0o700)
+            lock.acquire()
+            fd = os.open(folder / "spec.toml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(spec_path, "rb") as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            write_private(folder / "state.json", record.to_json())
+        except OSError as exc:
+            lock.release()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise HomeError(f"cannot record run {run_id} in {folder}: {exc.strerror or exc} ({free_space(folder)} "
+                            "there), so nothing was started. Free space there, or set MGPU_HOME to a folder with room "
+                            "(e.g. 'export MGPU_HOME=$HOME/.mgpu'), then run again.") from None
         owner = cls(record, lock)
-        owner.save()
+        owner.saved_at = time.time()
         return owner
 
     @classmethod
@@ -239,10 +250,10 @@ class Owner:
         try:
             write_private(path, self.record.to_json())
         except OSError as exc:  # the run goes on; its record catches up when the disk has room again
+            self.saved_at = time.time()  # tried again after `every`, not on each event
             if self.failing is None:
-                free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
-                self.failing = (f"cannot write the run record {path}: {exc.strerror or exc} ({free / 2**20:.1f} MiB "
-                                f"free there). The run goes on; 'mgpu-cluster status' shows the last record written "
+                self.failing = (f"cannot write the run record {path}: {exc.strerror or exc} ({free_space(path)} "
+                                f"there). The run goes on; 'mgpu-cluster status' shows the last record written "
                                 f"until there is room again: free space under {path.parent.parent} (MGPU_HOME).")
                 self.warn(self.failing)
             return

@@ -6,6 +6,7 @@ states, pids and task names are never cut. Not on a terminal, `status` prints pl
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -99,3 +100,42 @@ def status_plain(snap: dict) -> str:
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     head = f"run {snap['run_id']}: {snap['state']}"
     return "\n".join([head, line(names), *(line(r) for r in rows)])
+
+
+def _split_lines(snap: dict) -> list[str]:
+    """The replicas in sync, the step split per task, and the straggler, for the plain and rich views."""
+    replicas = next((t["replicas"] for t in snap["tasks"] if t.get("replicas")), None)
+    head = [f"replicas in sync: {replicas} over {len(snap['tasks'])} worker(s)"] if replicas else []
+    parts = [f"task {t['index']} {t['compute_ms']:.1f} / {t['wait_ms']:.1f}" for t in snap["tasks"]
+             if isinstance(t.get("compute_ms"), (int, float)) and isinstance(t.get("wait_ms"), (int, float))]
+    lines = head + ([f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else [])
+    if snap.get("straggler"):
+        lines.append(f"straggler: task {snap['straggler']['task']} ({snap['straggler']['ratio']:.2f}x the median "
+                     "of the others' own work per step)")
+    return lines
+
+
+def _job_line(snap: dict) -> str | None:
+    job = snap.get("job")
+    if not job:
+        return None
+    reason = f" ({job['reason']})" if job.get("reason") else ""
+    return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
+
+
+def render(snap: dict, width: int):
+    """`status` on a terminal: the table, then the lines below it."""
+    lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
+    lines += [Text(line) for line in _split_lines(snap)]
+    if snap["failure"]:
+        lines.append(Text(snap["failure"]["message"]))
+    if _job_line(snap):
+        lines.insert(0, Text(_job_line(snap)))
+    return Group(status_table(snap, width), *lines)
+
+
+def plain(snap: dict) -> str:
+    """`status` piped: plain columns, then the same lines."""
+    lines = [status_plain(snap), *filter(None, [_job_line(snap)]), *_split_lines(snap)]
+    lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
+    return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))
