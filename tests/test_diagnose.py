@@ -6,11 +6,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import DIGITS, free_port, latest_state, wait_for, wait_gone
-from launcher.diagnose import report
+from launcher.diagnose import report, stacks
 from launcher.diagnose.straggler import find
 from worker.stacks import dump, parse
 
@@ -47,6 +48,34 @@ def test_stacks_of_a_live_and_of_a_stopped_process():
         proc.kill()
         proc.wait()
     assert "no process" in dump(proc.pid).error
+
+
+class _Engine:
+    """Answers `call` as a host would, noting the time it was given."""
+
+    def __init__(self):
+        self.plan = {i: SimpleNamespace(python="py", run_dir=f"/r/task-{i}") for i in (0, 1)}
+        self.calls = []
+
+    def call(self, index, argv, timeout):
+        self.calls.append((index, argv, timeout))
+        if index == 1:  # a cut-off host: its command does not finish within the time given
+            return 124, "", f"did not finish within {timeout:g} s"
+        return 0, json.dumps({"pid": 7, "threads": []}) + "\n", ""
+
+
+def test_stacks_at_a_hang_are_given_seconds_not_the_commands_40():
+    """At a hang the peers wait for these stacks: each host gets HANG_TIMEOUT_S, py-spy half of it."""
+    engine, said = _Engine(), []
+    out = SimpleNamespace(logline=said.append, say=said.append)
+    assert stacks.at_hang(engine, [(0, "h0", 7), (1, "h1", 8)], 1, out) == []
+    assert stacks.HANG_TIMEOUT_S <= 10 and sorted(c[2] for c in engine.calls) == [stacks.HANG_TIMEOUT_S] * 2
+    for _index, argv, timeout in engine.calls:
+        assert float(argv[argv.index("--timeout") + 1]) == timeout / 2 and "--out" in argv, argv
+    assert "task 1: python -m worker.stacks failed on its host: did not finish within" in said[-1], said
+    engine.calls.clear()
+    stacks.take(engine, [(0, "h0", 7)])  # `mgpu-cluster stacks`: someone waits for them, longer
+    assert engine.calls[0][2] == stacks.CALL_TIMEOUT_S
 
 
 def test_report_of_made_up_data_has_every_part(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
-from launcher.engines.slurm.follow import POLL_S, Follower, events_path
+from launcher.engines.slurm.follow import POLL_S, Follower
 from launcher.engines.slurm.job import parse_time, record_of, settled, verdict_of, wait_until
 from launcher.engines.slurm.plan import plan_slurm
 from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
@@ -32,10 +32,15 @@ from launcher.engines import engine_for
 from launcher.specfile import load_spec, parse_spec
 from worker import protocol
 from worker.task import slurm as slurm_task
+from worker.task.slurm import events_path
 
 PY = sys.executable
 DIGITS = ["-m", "worker", "--entrypoint", "worker.examples.digits:task"]
 SLEEP = f'command = ["{PY}", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
+STEPS = "command = " + json.dumps([PY, "-c", (  # a task that trains a step every 0.2 s, for the heartbeat
+    "import json, os, time\nd = os.environ['MGPU_RUN_DIR']\nfor n in range(1, 10 ** 6):\n"
+    "    open(d + '/p.tmp', 'w').write(json.dumps({'global_step': n, 'epoch': 1}))\n"
+    "    os.replace(d + '/p.tmp', d + '/progress.json')\n    time.sleep(0.2)")])
 
 
 # --------------------------------------------------------------------------- pure: no cluster needed
@@ -226,8 +231,9 @@ def test_wait_until_gives_the_first_true_answer_or_none_at_its_time_limit():
     assert wait_until(lambda: next(answers), 30, 0.01) == "there" and time.monotonic() - t0 < 5
     t0 = time.monotonic()
     assert wait_until(lambda: [], 0.3, 0.05) is None and 0.3 <= time.monotonic() - t0 < 5
-    assert [settled(_job(s)) for s in ("RUNNING", "COMPLETING", "COMPLETED", "PENDING", "TIMEOUT")] == \
-        [False, False, True, True, True] and settled(None)
+    assert [settled(_job(s), 0) for s in ("RUNNING", "COMPLETING", "COMPLETED", "PENDING", "TIMEOUT")] == \
+        [False, False, True, True, True] and settled(None, 0)
+    assert settled(_job("RUNNING", restarts=1), 0) and not settled(_job("RUNNING", restarts=1), 1)  # requeued
 
 
 def test_status_reads_a_tasks_latest_events(tmp_path):
@@ -429,6 +435,34 @@ def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
     print(f"\nkill -9 of task 1: task 0 gone after {took['other task']:.2f} s, every process of the run after "
           f"{took['every process']:.2f} s")
     assert took["every process"] < 10.0, took  # typically ~1 s; a wide margin on 2 shared cores
+
+
+def test_a_hung_task_has_its_peer_stopped_within_seconds_of_the_hang_being_named(sc, cli, tmp_path):
+    """Task 1 frozen (SIGSTOP): named hung, stacks taken; the job still runs and nothing says Slurm is ending
+    it, so the peer is stopped at once (no wait for a scheduler's verdict that cannot come)."""
+    # no TensorFlow: its own heartbeats would end the peer by themselves (~10 s), hiding the launcher's delay
+    spec = write_spec(tmp_path, STEPS, launch="heartbeat_timeout = 4")
+    took = {}
+
+    def freeze_task_1(_up, st):
+        log = cli.home / "runs" / st["run_id"] / "launcher.log"
+        peer = [psutil.Process(st["tasks"][0]["pid"]), psutil.Process(st["tasks"][0]["supervisor_pid"])]
+        os.kill(st["tasks"][1]["pid"], signal.SIGSTOP)
+        t0 = time.time()
+        wait_for(lambda: "taken before stopping anything" in log.read_text(), 60, "the hang named, its stacks taken")
+        named = time.time()
+        _gone, alive = psutil.wait_procs(peer, timeout=60)
+        took.update(named=named - t0, peer=time.time() - named)
+        assert not alive
+
+    code, out = cli.up_while(spec, lambda: training(cli), freeze_task_1, "both tasks training")
+    assert code == 1 and not launcher_traceback(out), out
+    failure = status_json(cli)["failure"]
+    assert (failure["task"], failure["kind"]) == (1, "hung") and "SIGSTOP" in failure["message"], failure
+    assert not wait_gone(cli.home, 10)
+    print(f"\nSIGSTOP of task 1: hang named (stacks taken) after {took['named']:.2f} s, task 0 stopped "
+          f"{took['peer']:.2f} s after that")
+    assert took["peer"] < 5.0, took  # under 0.1 s; it was 10 s more, waiting for a scheduler's verdict
 
 
 def test_down_cancels_a_detached_run(sc, cli, tmp_path, monkeypatch):

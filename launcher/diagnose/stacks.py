@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from launcher.engines.base import Engine, parallel
 from worker.stacks import Stacks
 
-CALL_TIMEOUT_S = 40.0
+CALL_TIMEOUT_S = 40.0  # `mgpu-cluster stacks`: someone waits for them
+HANG_TIMEOUT_S = 6.0  # at a hang, before the peers are stopped: they must not delay fail-fast much
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,16 @@ class TaskStacks:
         return self.error is None and self.stacks is not None and self.stacks.ok
 
 
-def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None) -> TaskStacks:
+def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None, timeout: float) -> TaskStacks:
     if pid is None:
         return TaskStacks(index, host, pid, None, "its training process is not known (not started?)")
     plan = engine.plan[index]
-    argv = [plan.python, "-m", "worker.stacks", "--pid", str(pid), "--json"]
+    # py-spy gets half the time: one that does not answer is told by worker.stacks, not by a cut call
+    argv = [plan.python, "-m", "worker.stacks", "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
     if out:
         argv += ["--out", f"{plan.run_dir}/{out}"]
     try:
-        code, stdout, stderr = engine.call(index, argv, CALL_TIMEOUT_S)
+        code, stdout, stderr = engine.call(index, argv, timeout)
     except Exception as exc:  # noqa: BLE001 (an unreachable host is an answer too)
         return TaskStacks(index, host, pid, None, f"its host did not answer: {exc}")
     try:
@@ -57,24 +59,23 @@ def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None
     return TaskStacks(index, host, pid, stacks)
 
 
-def take(engine: Engine, tasks: list[tuple[int, str, int | None]], out: str | None = None) -> list[TaskStacks]:
-    """Stacks of (index, host, pid) tasks, in order; `out`: also appended to that file in each task's folder."""
+def take(engine: Engine, tasks: list[tuple[int, str, int | None]], out: str | None = None,
+         timeout: float = CALL_TIMEOUT_S) -> list[TaskStacks]:
+    """Stacks of (index, host, pid) tasks, in order, each within `timeout` seconds; `out`: also appended to
+    that file in each task's folder."""
     return [r.value if r.ok else TaskStacks(t[0], t[1], t[2], None, str(r.error))
-            for t, r in zip(tasks, parallel(lambda t: _one(engine, *t, out), tasks))]
+            for t, r in zip(tasks, parallel(lambda t: _one(engine, *t, out, timeout), tasks))]
 
 
 def file_name() -> str:
     return time.strftime("stacks-%Y%m%d-%H%M%S.txt")
 
 
-HANG_TIMEOUT_S = 20.0
-
-
 def at_hang(engine: Engine, tasks: list[tuple[int, str, int | None]], hung: int, out) -> list[str]:
     """Before anything is stopped: every task's stacks into launcher.log (out.logline) and into a file in
     each task's folder; says where they went; returns the hung task's innermost frames (innermost last)."""
     name = file_name()
-    found = take(engine, tasks, out=name)
+    found = take(engine, tasks, out=name, timeout=HANG_TIMEOUT_S)
     for ts in found:
         out.logline(f"stacks at the hang: {ts.text()}")
     answered = [ts.index for ts in found if ts.ok]

@@ -22,13 +22,14 @@ from typing import Callable
 from launcher.engines.base import Engine, EngineKind, Result, SchedulerCause, SchedulerEnd, Sink, TaskCheck
 from launcher.engines.slurm import job as jobs
 from launcher.engines.slurm import status
-from launcher.engines.slurm.follow import Follower, events_path
+from launcher.engines.slurm.follow import Follower
 from launcher.engines.slurm.plan import Mode, common_env, job_name, mode_here, plan_slurm, run_folder
 from launcher.engines.slurm.preflight import problems
 from launcher.engines.slurm.script import batch_script, print_dry_run, sbatch_options, srun_argv
 from launcher.plan import TaskPlan
 from worker import protocol
 from worker.task.files import write_private
+from worker.task.slurm import events_path
 
 JOB_POLL_S = 0.5
 SETTLE_S = 10.0  # how long Slurm may take to show how an ended attempt's job ended
@@ -126,7 +127,7 @@ class SlurmEngine(Engine):
             state = jobs.state_of(info)
             if state in jobs.RUNNING:
                 return None
-            if info is not None and jobs.ended(info):
+            if jobs.gone(info):  # COMPLETING waits too: a requeued job ends its last run before it queues
                 if any(events_path(self.root, p.index, attempt).exists() for p in self.plans):
                     return None  # so short that it ran and ended between two looks: its records tell
                 return f"Slurm job {self.job_id} ended before it ran ({state}, reason {info.get('Reason')})"
@@ -174,15 +175,21 @@ class SlurmEngine(Engine):
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         if self.mode == Mode.ALLOCATION:
             return None
-        info = self.job  # unless we stopped it: until Slurm shows how it ended (or took it back), seconds at most
-        if not self.stopping:
-            found = jobs.wait_until(lambda: (lambda i: [i] if jobs.settled(i) else None)(self._job_info()), SETTLE_S)
+        info = self.job if self.stopping else self._job_info()  # we stopped it: no verdict to wait for
+        if not self.stopping and jobs.ending(info, self.restarts_before, self.notices):
+            # until Slurm shows how it ended (or took it back), seconds at most; a job that still runs with
+            # nothing from Slurm (a hang, a lost or failed task) is not waited for: the peers stop at once
+            found = jobs.wait_until(self._settled, SETTLE_S)
             info = found[0] if found else self.job
         found = jobs.verdict_of(info, self.restarts_before, self.notices, self.job_id, self.cfg.time, self.stopping)
         if found is not None and found.cause == SchedulerCause.REQUEUED:
             self.requeued = True
             self.restarts_before = int((info or {}).get("Restarts") or 0)
         return found
+
+    def _settled(self) -> list[dict | None] | None:
+        info = self._job_info()
+        return [info] if jobs.settled(info, self.restarts_before) else None
 
     # ---- stopping
     def _cancel(self) -> None:
@@ -231,7 +238,7 @@ class SlurmEngine(Engine):
         if self.mode == Mode.ALLOCATION:
             return bool(self._our_steps()) or (self.srun is not None and self.srun.poll() is None)
         info = self._job_info()
-        return info is not None and (not jobs.ended(info) or jobs.state_of(info) == "COMPLETING")
+        return info is not None and not jobs.gone(info)
 
     def close(self) -> None:
         """When `up` ends for any reason, no job of the run is left queued or running."""

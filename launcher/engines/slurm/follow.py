@@ -10,14 +10,11 @@ from typing import Callable
 
 from launcher.engines.base import Pump, Sink
 from worker import protocol
+from worker.task.slurm import events_path  # where the task core writes them: one definition
 
 POLL_S = 0.2
 READ_MAX = 1 << 20  # bytes of one events file per round
 SETTLE_S = 1.5  # after the job (or step) ended, how long a task's last records may take to appear
-
-
-def events_path(root: Path, index: int, attempt: int) -> Path:
-    return root / f"task-{index}" / f"events-{attempt}.jsonl"
 
 
 class _Tail:

@@ -81,11 +81,34 @@ def ended(info: dict | None) -> bool:
     return bool(state) and state not in QUEUED and state not in RUNNING
 
 
-def settled(info: dict | None) -> bool:
-    """Whether the record shows how an attempt's job ended for good (its processes gone: not COMPLETING),
-    or that it went back to the queue, or nothing (purged: no more to learn)."""
-    state = state_of(info)
-    return info is None or state in QUEUED or (ended(info) and state != "COMPLETING")
+def gone(info: dict | None) -> bool:
+    """Ended for good: its processes gone (COMPLETING is still ending them)."""
+    return ended(info) and state_of(info) != "COMPLETING"
+
+
+def settled(info: dict | None, restarts_before: int) -> bool:
+    """Whether the record tells for good how an attempt's job ended: it is gone, back in the queue or
+    requeued (Restarts went up, maybe running again already), or nothing (purged: no more to learn)."""
+    return info is None or state_of(info) in QUEUED or gone(info) or _restarts(info) > restarts_before
+
+
+def _restarts(info: dict) -> int:
+    return int((info.get("Restarts") or "0").strip() or 0)
+
+
+def ending(info: dict | None, restarts_before: int, notices: set[str]) -> bool:
+    """Whether anything says the scheduler is ending (or took back) the job, so a verdict is worth waiting
+    for: it left RUNNING, was requeued, the tasks had notice, or it ran past its time limit. A job still
+    running with none of these was ended by its tasks (a failure, a hang): the scheduler has nothing to say."""
+    if info is None:
+        return False
+    if notices or state_of(info) not in RUNNING or _restarts(info) > restarts_before:
+        return True
+    try:
+        limit, ran = parse_time(info.get("TimeLimit")), parse_time(info.get("RunTime"))
+    except ValueError:
+        return False
+    return limit is not None and ran is not None and ran >= limit
 
 
 def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_id: str | None,
@@ -96,7 +119,7 @@ def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_i
         return None
     state, reason = state_of(info), (info or {}).get("Reason") or "None"
     said = f"(state {state}, reason {reason})" if reason != "None" else f"(state {state})"
-    if info and int((info.get("Restarts") or "0").strip() or 0) > restarts_before or state in QUEUED:
+    if info and _restarts(info) > restarts_before or state in QUEUED:
         return SchedulerEnd(SchedulerCause.REQUEUED, f"Slurm requeued job {job_id} {said}: a node failed, or "
                                                      "someone ran 'scontrol requeue'; it runs again by itself")
     if state == "TIMEOUT" or TIME_NOTICE in notices:

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from launcher.engines.slurm import job as jobs
-from launcher.engines.slurm.follow import events_path
 from worker import protocol
 from worker.protocol import TaskState
+from worker.task.slurm import events_path
 
 TAIL_BYTES = 1 << 18  # what `status` reads of an events file: its last records
 
