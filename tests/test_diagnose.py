@@ -98,6 +98,8 @@ def test_report_of_made_up_data_has_every_part(tmp_path):
     assert len(rate.lines) == 2 + 3 and len(split.lines) == 4 + 3  # per task, and the 3 event lines
     path = report.write((run, history), tmp_path / "r.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    odd = report.write((run, history), tmp_path / "r.xyz")  # a PNG whatever the name ends with, no traceback
+    assert odd.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # --------------------------------------------------------------------------- real runs

@@ -133,7 +133,7 @@ def write(data: tuple[dict, list[dict]], path: Path) -> Path:
     fig = figure(*data)
     path = Path(path)
     try:
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format="png")  # a PNG whatever the name ends with
     except OSError as exc:
         raise ReportError(f"cannot write the report to {path}: {exc.strerror or exc}; choose another path "
                           "with -o FILE.png") from None
