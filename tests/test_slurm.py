@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,6 +222,24 @@ def test_follower_tails_events_files_into_the_pump(tmp_path):
         follower.thread.join(15)
         assert not follower.thread.is_alive() and time.monotonic() - t0 >= follow.SETTLE_S
         assert sink.seen[2:] == [(2, protocol.Lost("Slurm job 41 ended (FAILED)"))], sink.seen
+    finally:
+        follower.stop()
+
+
+def test_follower_reads_an_events_file_made_anew_from_its_start(tmp_path):
+    """A task folder deleted mid-run: the task core makes its events file again, and the exit it then
+    writes there (at an offset below what was read of the old file) reaches the pump."""
+    sink, path = _Sink(), events_path(tmp_path, 0, 0)
+    path.parent.mkdir()
+    path.write_bytes(_record(protocol.Output(["x" * 500])) * 4)
+    follower = Follower(tmp_path, [0], 0, sink, lambda: None, lambda ev: None)
+    try:
+        assert wait_for(lambda: len(sink.seen) == 4, 10, "the old file's records")
+        shutil.rmtree(path.parent)
+        path.parent.mkdir()
+        path.write_bytes(_record(protocol.Exit(code=0, time=1.0)))
+        assert wait_for(lambda: len(sink.seen) == 5, 10, "the exit in the new file")
+        assert sink.seen[4] == (0, protocol.Exit(code=0, time=1.0)), sink.seen[4]
     finally:
         follower.stop()
 

@@ -9,13 +9,23 @@ import socket
 import subprocess
 
 
-def gpu_indices() -> set[int] | None:
-    """The GPUs nvidia-smi lists, or None without nvidia-smi."""
+def nvidia_smi(query: str, timeout: float = 20) -> list[int] | None:
+    """One whole number per GPU for `query` ("index", "utilization.gpu"), or None where nvidia-smi is
+    missing, hangs past `timeout` or cannot be run."""
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=20)
-    return {int(x) for x in out.stdout.split() if x.strip().isdigit()}
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [int(x) for x in out.split() if x.strip().isdigit()]
+
+
+def gpu_indices() -> set[int] | None:
+    """The GPUs nvidia-smi lists, or None without a working nvidia-smi."""
+    found = nvidia_smi("index")
+    return None if found is None else set(found)
 
 
 def task_devices(task: dict, have: set[int] | None) -> tuple[int | None, str | None]:

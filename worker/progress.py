@@ -12,9 +12,12 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-from worker.protocol import ProgressState
+from worker.errors import SettingError
+from worker.protocol import FILE_MAX_BYTES, ProgressState, json_object
+from worker.task.files import write_private
 
 FILENAME = "progress.json"
 STATES = tuple(str(state) for state in ProgressState)
@@ -41,24 +44,26 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str, data: dict) -> None:
-    """Writes `data` to `path` through a temporary file and os.replace (readers never see half)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(_finite(data), handle, indent=1, allow_nan=False)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
 def read_progress(path: str) -> dict | None:
-    """The last progress written at `path` (a progress.json or the folder that holds it)."""
+    """The last progress written at `path` (a progress.json or the folder that holds it); None where there
+    is none, or what is there is not progress (too big, not JSON, not an object, nested too deep)."""
     if os.path.isdir(path):
         path = os.path.join(path, FILENAME)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        with open(path, "rb") as handle:
+            return json_object(handle.read(FILE_MAX_BYTES + 1))
+    except OSError:
         return None
+
+
+def interval_from_env() -> float:
+    """MGPU_PROGRESS_INTERVAL: seconds between progress.json writes on batches."""
+    text = os.environ.get("MGPU_PROGRESS_INTERVAL", "").strip() or str(DEFAULT_INTERVAL_S)
+    value = _number(text)
+    if value is None or value < 0:
+        raise SettingError(f"MGPU_PROGRESS_INTERVAL is {text!r}, not a number of seconds (0 or more): set it to the "
+                           f"seconds between progress.json writes (e.g. 1), or unset it for {DEFAULT_INTERVAL_S:g}")
+    return value
 
 
 class ProgressWriter:
@@ -73,12 +78,9 @@ class ProgressWriter:
 
     def __init__(self, run_dir: str | None, task: int = 0, epochs: int = 0,
                  steps_per_epoch: int | None = None, interval: float | None = None):
-        self.path = os.path.join(run_dir, FILENAME) if run_dir else None
-        if run_dir:
-            os.makedirs(run_dir, exist_ok=True)
-        if interval is None:
-            interval = float(os.environ.get("MGPU_PROGRESS_INTERVAL", DEFAULT_INTERVAL_S))
-        self.interval = interval
+        self.path = Path(run_dir, FILENAME) if run_dir else None
+        self.interval = interval_from_env() if interval is None else interval
+        self._warned = False
         self.fields: dict[str, Any] = {
             "task": int(task), "state": str(ProgressState.STARTING), "epoch": 0, "epochs": int(epochs),
             "step": 0, "steps_per_epoch": steps_per_epoch, "global_step": 0, "first_epoch": 1,
@@ -104,8 +106,21 @@ class ProgressWriter:
         self.fields["time"] = now
         self._last_write = now
         if self.path:
-            write_json_atomic(self.path, self.fields)
+            self._write(json.dumps(_finite(self.fields), indent=1, allow_nan=False) + "\n")
         return True
+
+    def _write(self, text: str) -> None:
+        """One atomic write, in its folder made again if it was deleted; a write that fails (a full disk) never
+        ends the training: it goes on without progress.json, said once on stderr."""
+        try:
+            if not self.path.parent.is_dir():
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(self.path, text)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                print(f"mgpu worker: cannot write {self.path}: {exc.strerror or exc}; training goes on without "
+                      "its progress file (free space there, or check the folder)", file=sys.stderr, flush=True)
 
 
 def format_epoch_line(epoch: int, epochs: int, logs: dict, samples_per_sec: float | None) -> str:

@@ -17,6 +17,8 @@ VERSION = 1
 EXIT_PREEMPTED = 75  # a task that saved its checkpoint on notice and stopped (EX_TEMPFAIL)
 EXIT_PORT_BUSY = 98  # the supervisor found the task's port taken just before the start (EADDRINUSE)
 BEAT_S = 2.0  # a supervisor sends Stats at least this often, training or not: the launcher's sign of life
+FILE_MAX_BYTES = 65536  # a file the training can write (progress.json, task.json) larger than this is not read
+MAX_DEPTH = 16  # a record's dicts and lists nested deeper are refused (recursion in json and asdict)
 
 
 class TaskState(str, enum.Enum):
@@ -129,7 +131,7 @@ class Exit(Event):
     kind: ClassVar[str] = "exit"
     code: int  # negative: killed by that signal
     time: float
-    tail: list[str] = field(default_factory=list)  # its last lines of output, none left out
+    tail: list[str] = field(default_factory=list)  # its last lines of output (about 8 KB, the newest kept)
     reason: str = ""  # what the supervisor itself found (a busy port, a program not found)
     notice: str = ""  # the signal that gave the task notice ("SIGTERM", "SIGUSR1"): a preemption, saved or not
 
@@ -151,6 +153,26 @@ class Lost(Event):
 
 
 EVENTS: dict[str, type[Event]] = {cls.kind: cls for cls in (Started, Output, Progress, Stats, Exit, Note)}
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether dicts and lists in `value` nest deeper than `limit` (looked at level by level, no recursion)."""
+    level = [value]
+    for _ in range(limit):
+        level = [v for x in level if isinstance(x, (dict, list)) for v in (x.values() if isinstance(x, dict) else x)]
+    return any(isinstance(x, (dict, list)) for x in level)
+
+
+def json_object(raw: bytes) -> dict | None:
+    """The JSON object in a file the training can write (progress.json, task.json), or None: it is untrusted
+    input (too big, not JSON, not an object, nested too deep)."""
+    if len(raw) > FILE_MAX_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return data if isinstance(data, dict) and not too_deep(data) else None
 
 
 def encode(event: Event) -> bytes:
@@ -177,6 +199,8 @@ def _typed(cls: type[Event], data: dict) -> dict:
             raise TypeError(f"{f.name} is {type(value).__name__}")
         if str(f.type) == "list[str]" and not all(isinstance(x, str) for x in value):
             raise TypeError(f"{f.name} holds a non-string")
+        if isinstance(value, dict) and too_deep(value):
+            raise TypeError(f"{f.name} is nested too deep")
         out[f.name] = value
     return out
 
@@ -187,6 +211,6 @@ def decode(line: bytes | str) -> Event:
         data: Any = json.loads(line)
         cls = EVENTS[data.pop("event")]
         return cls(**_typed(cls, data))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError) as exc:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
         raise BadRecord(f"not a protocol record ({type(exc).__name__}): {text[:200]!r}") from None

@@ -143,7 +143,11 @@ def run(config: RunConfig) -> dict:
     # each step's own work apart from the wait for peers (stragglers); MGPU_STEP_CLOCK=0 turns it off
     clock = StepClock(tf) if os.environ.get("MGPU_STEP_CLOCK", "1") != "0" else None
     if clock is not None:
-        clock.install(model.optimizer)
+        try:
+            clock.install(model.optimizer)
+        except ValueError as exc:  # an optimizer of the user's own: trains the same, without the split
+            _say(f"note: {exc}; training goes on without it")
+            clock = None
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
                                 global_batch_size=global_batch, mark_done_on_train_end=False, clock=clock)
     check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)

@@ -13,7 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from worker.errors import SettingError
+
 COMMUNICATIONS = ("auto", "ring", "nccl")
+FIX_TF_CONFIG = ("mgpu-cluster sets it for each task; when you set it yourself, give every task the same cluster "
+                 "and its own index (or unset it to train in one process)")
 
 
 @dataclass(frozen=True)
@@ -52,17 +56,17 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         workers = list(cluster.get("worker", []))
         task_type = task.get("type", "worker")
         task_index = int(task.get("index", 0))
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise ValueError(f"TF_CONFIG is not valid JSON of the form "
-                         f'{{"cluster": {{"worker": [...]}}, "task": {{...}}}}: {exc}') from None
+    except (ValueError, AttributeError, TypeError, RecursionError) as exc:
+        raise SettingError(f"TF_CONFIG is not valid JSON of the form "
+                           f'{{"cluster": {{"worker": [...]}}, "task": {{...}}}} ({exc}): {FIX_TF_CONFIG}') from None
     if task_type not in ("worker", "chief"):
-        raise ValueError(f"TF_CONFIG task type {task_type!r} is not supported "
-                         "(only 'worker' and 'chief')")
+        raise SettingError(f"TF_CONFIG task type {task_type!r} is not supported "
+                           f"(only 'worker' and 'chief'): {FIX_TF_CONFIG}")
     members = chiefs + workers
     task_id = task_index if task_type == "chief" else len(chiefs) + task_index
     if not 0 <= task_id < max(1, len(members)):
-        raise ValueError(f"TF_CONFIG task {task_type}:{task_index} is not in the cluster "
-                         f"({len(members)} tasks)")
+        raise SettingError(f"TF_CONFIG task {task_type}:{task_index} is not in the cluster "
+                           f"({len(members)} tasks): {FIX_TF_CONFIG}")
     return ClusterInfo(workers=tuple(members), task_type=task_type,
                        task_index=task_index, task_id=task_id)
 
@@ -70,8 +74,12 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo:
 def task_id_from_env(environ: Mapping[str, str] | None = None) -> int:
     """MGPU_TASK_INDEX when the launcher set it, else the position in TF_CONFIG."""
     env = os.environ if environ is None else environ
-    if env.get("MGPU_TASK_INDEX", "").strip():
-        return int(env["MGPU_TASK_INDEX"])
+    text = env.get("MGPU_TASK_INDEX", "").strip()
+    if text:
+        if not text.isdigit():
+            raise SettingError(f"MGPU_TASK_INDEX is {text!r}, not a task number (0, 1, ...): set it to this task's "
+                               "index, or unset it to take the index from TF_CONFIG")
+        return int(text)
     return cluster_from_env(env).task_id
 
 

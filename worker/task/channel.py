@@ -10,6 +10,8 @@ import socket
 import threading
 from pathlib import Path
 
+from worker.task.host import write_problem
+
 F_SETPIPE_SZ = 1031
 PIPE_BYTES = 16384  # what may sit in our stdout ahead of an exit report (the SSH window adds its own)
 
@@ -53,17 +55,32 @@ class PipeChannel(Channel):
 
 
 class FileChannel(Channel):
-    """An events file, appended one whole record at a time (O_APPEND: one write per record)."""
+    """An events file, appended one record at a time (O_APPEND). A file deleted under us (its task folder
+    removed) is made again; a record cut short (a full disk) is followed by a newline, so that the next
+    record starts a line of its own (the reader skips the torn one)."""
 
     def __init__(self, path: Path):
         self.path, self.lock, self.fd = path, threading.Lock(), None
-        self.failed: OSError | None = None
+        self.torn = False  # the last record was cut short: the next one starts on a fresh line
+        self.failed: OSError | None = None  # the first write that failed (said once on stderr)
 
     def send(self, data: bytes) -> None:
         with self.lock:
             try:
+                if self.fd is not None and os.fstat(self.fd).st_nlink == 0:  # deleted: appends would go nowhere
+                    os.close(self.fd)
+                    self.fd = None
                 if self.fd is None:
-                    self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                os.write(self.fd, data)
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    self.fd, self.torn = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), False
+                view = memoryview(b"\n" + data if self.torn else data)
+                while view:  # a short write (a disk filling up): write the rest, or end the line next time
+                    view = view[os.write(self.fd, view):]
+                    self.torn = bool(view)
             except OSError as exc:  # a full disk: the launcher learns the end from the scheduler
-                self.failed = self.failed or exc
+                if self.failed is None:
+                    self.failed = exc
+                    try:
+                        os.write(2, f"mgpu task: {write_problem(self.path, exc)}\n".encode())
+                    except OSError:
+                        pass

@@ -36,7 +36,7 @@ PROGRESS_POLL_S = 1.0
 FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
 FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
 FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
-EXIT_PORT_BUSY, EXIT_NOT_FOUND = 98, 127
+EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.log); its program not found
 
 
 def _import_rest() -> None:
@@ -69,7 +69,7 @@ class TaskCore:
         self.stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.lines = Lines()
-        self.last_progress = ""
+        self.last_progress = b""
         self.notice = ""  # the signal that gave notice, if one did
         self.folder = TaskFolder(setup.run_dir, self.tell)
         self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
@@ -103,11 +103,15 @@ class TaskCore:
     def run(self) -> int:
         s = self.setup
         self.prepare()
+        if self.stopping.is_set():  # a signal before the start: nothing is started
+            _import_rest()
+            return self.refuse(protocol.EXIT_PREEMPTED if self.notice else -signal.SIGTERM,
+                               f"stopped before it started ({self.notice or 'a stop request'})")
         holder = port_holder(s.port) if s.port else None
         if holder:
-            return self.refuse(EXIT_PORT_BUSY, f"port {s.port} was taken by {holder} after the preflight, so the "
-                                               "task was not started; stop that process or choose another port, "
-                                               "then run again")
+            _import_rest()
+            return self.refuse(protocol.EXIT_PORT_BUSY, f"port {s.port} was taken by {holder} after the preflight, so "
+                               "the task was not started; stop that process or choose another port, then run again")
         env = {**os.environ, **s.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
         try:
             self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -139,6 +143,7 @@ class TaskCore:
             self.stop_task(s.preempt_grace if self.notice else s.grace)
         threading.Thread(target=self.watch, daemon=True).start()
         code = self.proc.wait()
+        self.folder.write("exit_code", f"{code}\n")  # before any send: a send may block (a cut-off link)
         pump.join(timeout=2.0)
         self.send_progress()  # the last word of a finished run
         left = procs.of_task(self.run_id, self.index) if self.run_id else []
@@ -148,6 +153,7 @@ class TaskCore:
         return self.finish(code)
 
     def refuse(self, code: int, reason: str) -> int:
+        self.folder.write("exit_code", f"{code}\n")
         self.note(reason)
         _import_rest()
         return self.finish(code, reason)
@@ -159,9 +165,9 @@ class TaskCore:
     def finish(self, code: int, reason: str = "") -> int:
         self.send_notes()
         self.forward(final=True)
-        self.folder.write("exit_code", f"{code}\n")
-        self.emit(protocol.Exit(code=code, time=time.time(), tail=list(self.lines.tail), reason=reason,
-                                notice=self.notice))
+        # a notice to a task that then exited 0 is no preemption: it finished
+        self.emit(protocol.Exit(code=code, time=time.time(), tail=self.lines.tail_lines(), reason=reason,
+                                notice=self.notice if code != 0 else ""))
         return 128 - code if code < 0 else code
 
     def pump(self) -> None:
@@ -195,21 +201,25 @@ class TaskCore:
         return bool(lines or dropped)
 
     def send_progress(self) -> None:
+        """progress.json as a Progress record; one that cannot be read, parsed or encoded is no progress
+        (the training writes it: untrusted input)."""
         try:
-            text = (self.run_dir / "progress.json").read_text()
-            if text == self.last_progress:  # read on each output batch too: most reads find nothing new
+            with open(self.run_dir / "progress.json", "rb") as f:
+                raw = f.read(protocol.FILE_MAX_BYTES + 1)
+            if raw == self.last_progress:  # read on each output batch too: most reads find nothing new
                 return
-            data = json.loads(text)
-        except (OSError, ValueError):
+            self.last_progress, data = raw, protocol.json_object(raw)
+            if data is None:
+                return
+            record = protocol.encode(protocol.Progress(progress=data))
+        except (OSError, ValueError, RecursionError, MemoryError):
             return
-        if not isinstance(data, dict):
-            return
-        self.last_progress = text
-        self.emit(protocol.Progress(progress=data))
+        self.channel.send(record)
         if protocol.ProgressState.of(data) == protocol.ProgressState.PREEMPTING and not self.stopping.is_set():
-            # the task took a notice (a SIGTERM sent to it, or one of its peers'): it gets preempt_grace
-            # to save with its group, not more
+            # the task took a notice (a SIGTERM sent to it, or one of its peers'): a preemption, whatever
+            # comes next; it gets preempt_grace to save with its group, not more
             self.stopping.set()
+            self.notice = "SIGTERM (to the task or a peer)"
             threading.Timer(self.setup.preempt_grace - self.since(data.get("time")), self.past_grace).start()
 
     @staticmethod
@@ -256,21 +266,11 @@ class TaskCore:
         self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
 
     # ---- stopping
-    def handle_signals(self, notice_ok=lambda: True) -> None:
-        """INT and HUP stop the task; TERM and USR1 are a notice (a host or scheduler taking the machine),
-        unless notice_ok() says otherwise (a scheduler ending a failed step)."""
-        def on_signal(signum, _frame):
-            name = signal.Signals(signum).name
-            notice = name if signum in (signal.SIGTERM, signal.SIGUSR1) and notice_ok() else ""
-            threading.Thread(target=self.stop, args=(name, notice), daemon=True).start()
-
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, on_signal)
-
     def stop(self, reason: str, notice: str = "") -> None:
         """Stop the task: TERM to its group, KILL after grace. A `notice` (the signal's name: a host or
         scheduler taking the machine) gets preempt_grace, and the task's end is a preemption."""
-        if self.stopping.is_set():  # a notice after a stop (Slurm's TERM after our INT) is no preemption
+        # a notice after a stop (Slurm's TERM after our INT) is no preemption; one after the task ended is nothing
+        if self.stopping.is_set() or self.proc is not None and self.proc.poll() is not None:
             return
         self.stopping.set()
         self.notice = notice

@@ -20,18 +20,29 @@ class TaskFolder:
         self.failed: set[str] = set()
 
     def prepare(self, header: bytes) -> None:
-        """The folder (owner only), stale files gone, worker.log open: each step may fail."""
-        try:
-            for folder in (self.path.parent, self.path):
-                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """The folder (owner only), stale files gone, worker.log open: each step on its own, so that one that
+        fails (a parent folder of another user's, a full disk) skips none of the others."""
+        log = self.path / "worker.log"
+        self._try(log, lambda: self.path.mkdir(parents=True, exist_ok=True, mode=0o700))
+        for folder in (self.path.parent, self.path):  # mkdir's mode does not reach the parents it makes
+            try:
                 os.chmod(folder, 0o700)
-            for stale in STALE:
-                (self.path / stale).unlink(missing_ok=True)
-            fd = os.open(self.path / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            self.log = os.fdopen(fd, "ab", buffering=0)
-        except OSError as exc:
-            self.write_failed(Path(exc.filename or self.path), exc)
+            except OSError:
+                pass  # not ours (a shared run folder) or not there: said by the steps that need it
+        for stale in STALE:
+            self._try(self.path / stale, lambda: (self.path / stale).unlink(missing_ok=True))
+        self._try(log, self._open_log)
         self.log_write(header)
+
+    def _open_log(self) -> None:
+        fd = os.open(self.path / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.log = os.fdopen(fd, "ab", buffering=0)
+
+    def _try(self, path: Path, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except OSError as exc:
+            self.write_failed(path, exc)
 
     def log_write(self, data: bytes) -> None:
         if self.log is None:

@@ -3,7 +3,6 @@ free space. Standard library only at import (psutil is imported where it is used
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -116,13 +115,3 @@ def write_problem(path: Path, exc: OSError) -> str:
     why = exc.strerror or str(exc)
     gone = "" if path.parent.exists() else f" (its folder {path.parent} no longer exists)"
     return f"cannot write {path}: {why}{gone}; {free_space(path)} there"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

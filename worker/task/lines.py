@@ -1,18 +1,36 @@
 """A task's output on its way to the launcher: split into lines, long lines cut, a flood thinned
-(worker.log keeps everything), and the last lines kept whole for the exit report."""
+(worker.log keeps everything), and the last lines kept for the exit report. Sizes are counted as the
+protocol encodes them (JSON with ensure_ascii: a non-ASCII character takes 6 or 12 bytes)."""
 
 from __future__ import annotations
 
 import collections
+import json
 import threading
 
-LINE_MAX = 4096  # longer lines are cut on the way to the launcher
+LINE_MAX = 4096  # encoded bytes; longer lines are cut on the way to the launcher
 PENDING_MAX_LINES = 2000
 TAIL_LINES = 20
+TAIL_BYTES = 8192  # the exit report's tail, encoded: it must not hold up fail-fast on a slow link
+CUT = " [... line cut; whole in worker.log]"
+
+
+def encoded(line: str) -> int:
+    """Bytes `line` takes in a record."""
+    return len(json.dumps(line))
+
+
+def clip(line: str, limit: int = LINE_MAX, cut: bool = False) -> str:
+    """`line` within about `limit` encoded bytes, marked when cut (or when `cut` says it was cut already)."""
+    size = encoded(line)
+    while size > limit:
+        line = line[:len(line) * limit // size]  # shorter each round: a few rounds at most
+        size, cut = encoded(line), True
+    return line + CUT if cut else line
 
 
 class Lines:
-    """Splits raw output into lines for the launcher: cut at LINE_MAX, a bounded queue, a full tail."""
+    """Splits raw output into lines for the launcher: cut at LINE_MAX, a bounded queue, the last lines."""
 
     def __init__(self):
         self.partial = b""
@@ -31,10 +49,10 @@ class Lines:
             if self.cutting:
                 self.cutting = False
                 continue
-            out.append(raw.decode("utf-8", "replace").rstrip("\r"))
+            out.append(clip(raw.decode("utf-8", "replace").rstrip("\r")))
         if len(self.partial) > LINE_MAX:
             if not self.cutting:
-                out.append(self.partial[:LINE_MAX].decode("utf-8", "replace") + " [... line cut; whole in worker.log]")
+                out.append(clip(self.partial[:LINE_MAX].decode("utf-8", "replace"), cut=True))
             self.cutting, self.partial = True, b""
         self._add(out)
 
@@ -47,7 +65,7 @@ class Lines:
 
     def close(self) -> None:
         if self.partial and not self.cutting:
-            self._add([self.partial.decode("utf-8", "replace")])
+            self._add([clip(self.partial.decode("utf-8", "replace"))])
         self.partial = b""
 
     def _add(self, lines: list[str]) -> None:
@@ -60,12 +78,12 @@ class Lines:
                 self.arrived.set()
 
     def take(self, limit: int, max_bytes: int = 1 << 62) -> tuple[list[str], int]:
-        """Up to `limit` lines (and about `max_bytes`), and how many were dropped since the last take."""
+        """Up to `limit` lines (and about `max_bytes` encoded), and how many were dropped since the last take."""
         with self.lock:
             lines, size = [], 0
             while self.pending and len(lines) < limit and size < max_bytes:
                 lines.append(self.pending.popleft())
-                size += len(lines[-1]) + 8
+                size += encoded(lines[-1]) + 2
             if not self.pending:
                 self.arrived.clear()
             if len(self.pending) > PENDING_MAX_LINES // 2:  # still flooding: thin it, keep the newest
@@ -74,3 +92,16 @@ class Lines:
                     self.pending.popleft()
             dropped, self.dropped = self.dropped, 0
             return lines, dropped
+
+    def tail_lines(self, max_bytes: int = TAIL_BYTES) -> list[str]:
+        """The last lines for the exit report, the newest kept: each cut to a quarter of `max_bytes`, all
+        within it."""
+        with self.lock:
+            newest_first = [clip(line, max_bytes // 4) for line in reversed(self.tail)]
+        kept, size = [], 0
+        for line in newest_first:
+            size += encoded(line) + 2
+            if size > max_bytes:
+                break
+            kept.append(line)
+        return kept[::-1]

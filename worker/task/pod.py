@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 from worker.task.channel import FileChannel
-from worker.task.core import GRACE_S, TaskCore, TaskSetup
+from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
 from worker.task.env import endpoint, task_environment
-
-EXIT_SETUP = 2
+from worker.task.signals import Signals
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals = Signals()  # first: as PID 1 a signal with no handler is dropped, a notice lost
     parser = argparse.ArgumentParser(prog="python -m worker.task.pod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder (shared storage, or the pod's)")
@@ -56,11 +56,12 @@ def main(argv: list[str] | None = None) -> int:
                       grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       host=args.hosts.format(i=rank).split(".")[0], report_port=args.port, echo=True)
     core = TaskCore(setup, FileChannel(task_dir / f"events-{attempt}.jsonl"))
-
-    core.handle_signals()
+    signals.attach(core)
     code = core.run()
+    from worker.protocol import EXIT_PREEMPTED  # imported by the core once the task ran
+
     # the notice was a preemption whether or not the task managed to save: the JobSet's rule restarts on 75
-    return 75 if core.notice and code != 0 else code
+    return EXIT_PREEMPTED if core.notice and code != 0 else code
 
 
 if __name__ == "__main__":

@@ -6,49 +6,45 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from worker.devices import nvidia_smi
+from worker.protocol import FILE_MAX_BYTES, json_object
 from worker.task import procs
 from worker.task.host import tree_rss
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path) -> bytes:
+    """A file of a task's folder, where the training can write too: at most FILE_MAX_BYTES (and one more)."""
     try:
-        return path.read_text().strip()
+        with open(path, "rb") as f:
+            return f.read(FILE_MAX_BYTES + 1)
     except OSError:
+        return b""
+
+
+def _exit_code(raw: bytes) -> int | None:
+    try:
+        return int(raw) if len(raw) < 32 else None
+    except ValueError:
         return None
 
 
 def task_info(d: Path) -> dict:
-    """task.json of a task folder (pids with their create times), {} when missing or unreadable."""
-    try:
-        info = json.loads((d / "task.json").read_text())
-        return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    """task.json of a task folder (pids with their create times), {} when missing or not one."""
+    return json_object(_read(d / "task.json")) or {}
 
 
-def _task_process(info: dict):
-    return procs.same(info.get("pid"), info.get("create_time"))
-
-
-def gpu_utilization() -> list[int] | None:
-    """Per-GPU utilisation in percent from nvidia-smi, or None on hosts without it."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return [int(x) for x in out.split() if x.strip().isdigit()]
+def _named(info: dict, who: str = ""):
+    """The live process task.json names as `who`pid, only with its create time (the training can write the
+    file: a pid alone would name anybody's process)."""
+    created = info.get(f"{who}create_time")
+    return procs.same(info.get(f"{who}pid"), created) if isinstance(created, (int, float)) else None
 
 
 def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
@@ -56,15 +52,11 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
     rows, procs = [], []
     for run_dir in run_dirs:
         d = Path(run_dir)
-        info, code = task_info(d), _read(d / "exit_code")
-        proc = _task_process(info)
+        info = task_info(d)
+        proc = _named(info)
         row = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
-               "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
-               "progress": None, "cpu_percent": None, "rss": None}
-        try:
-            row["progress"] = json.loads((d / "progress.json").read_text())
-        except (OSError, ValueError):
-            pass
+               "exit_code": _exit_code(_read(d / "exit_code")), "progress": json_object(_read(d / "progress.json")),
+               "cpu_percent": None, "rss": None}
         if proc is not None:
             try:
                 proc.cpu_percent(None)  # starts the measuring window
@@ -74,7 +66,7 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
         procs.append(proc)
     if any(procs) and cpu_window:
         time.sleep(cpu_window)
-    gpus = gpu_utilization()
+    gpus = nvidia_smi("utilization.gpu", timeout=10)
     for row, proc in zip(rows, procs):
         row["gpu_util"], row["time"] = gpus, time.time()
         if proc is None:
@@ -96,9 +88,9 @@ def stop(run_dir: str, grace: float = 5.0) -> dict:
     """Stop a task from its folder alone: its supervisor (INT: stop now), its training group, and
     every process left with the task's run id in its environment; each pid checked by create time."""
     info = task_info(Path(run_dir))
-    supervisor = procs.same(info.get("supervisor_pid"), info.get("supervisor_create_time"))
+    supervisor = _named(info, "supervisor_")
     procs.stop([supervisor], grace, group=False, first=signal.SIGINT)
-    procs.stop([_task_process(info)], grace)
+    procs.stop([_named(info)], grace)
     if info.get("run_id"):
         procs.stop(procs.of_task(info["run_id"], info.get("index", "")), grace)
     return probe(run_dir)

@@ -26,13 +26,11 @@ from pathlib import Path
 
 from worker.task import env
 from worker.task.channel import FileChannel
-from worker.task.core import GRACE_S, TaskCore, TaskSetup
+from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
 from worker.task.env import endpoint
-
-EXIT_PREEMPTED = 75  # worker.protocol.EXIT_PREEMPTED (protocol is imported once the task runs)
+from worker.task.signals import Signals
 
 PORT_BASE, PORT_SPAN = 20000, 10000
-EXIT_SETUP = 2  # this task could not be set up (Slurm's view of the step, a busy port): see worker.log
 
 
 # --------------------------------------------------------------------------- pure
@@ -120,7 +118,7 @@ def peer_failed(run: Path, attempt: int) -> bool:
                 ev = protocol.decode(line)
             except protocol.BadRecord:
                 continue
-            if isinstance(ev, protocol.Exit) and ev.code not in (0, EXIT_PREEMPTED) and not ev.notice:
+            if isinstance(ev, protocol.Exit) and ev.code not in (0, protocol.EXIT_PREEMPTED) and not ev.notice:
                 return True
     return False
 
@@ -153,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     run, environ = args.run_dir.resolve(), dict(os.environ)
     rank = int(environ.get("SLURM_PROCID") or 0)
     attempt = args.attempt + int(environ.get("SLURM_RESTART_COUNT") or 0)
+    signals = Signals(notice_ok=lambda: not peer_failed(run, attempt))  # before asking Slurm: a notice is kept
     node = environ.get("SLURMD_NODENAME", "")
     task_dir = run / f"task-{rank}"
     try:
@@ -174,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         core.prepare()
         return core.refuse(EXIT_SETUP, problem)
-
-    core.handle_signals(notice_ok=lambda: not peer_failed(run, attempt))
+    signals.attach(core)
     if args.lifeline:
         threading.Thread(target=watch_lifeline, args=(core, run / "launcher.alive", args.lifeline),
                          daemon=True).start()

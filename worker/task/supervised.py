@@ -28,6 +28,7 @@ from pathlib import Path
 
 from worker.task.channel import PipeChannel
 from worker.task.core import GRACE_S, TaskCore, TaskSetup
+from worker.task.signals import Signals
 
 
 def read_env_line() -> tuple[dict[str, str] | None, bytes]:
@@ -64,6 +65,7 @@ def watch_stdin(sup: TaskCore, lifeline: float | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals = Signals()  # first: a stop while we read the environment is kept, and then nothing starts
     parser = argparse.ArgumentParser(prog="python -m worker.task.supervised", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, type=Path, help="the task's folder on this host")
@@ -97,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                       port=args.port, grace=args.grace,
                       preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace)
     sup = TaskCore(setup, PipeChannel())
-
-    sup.handle_signals()
+    signals.attach(sup)
     if not args.detach:
         threading.Thread(target=watch_stdin, args=(sup, args.lifeline), daemon=True).start()
     return sup.run()

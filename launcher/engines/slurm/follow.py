@@ -3,6 +3,7 @@ Pump as every engine's records, by one thread for all tasks."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,12 +19,18 @@ SETTLE_S = 1.5  # after the job (or step) ended, how long a task's last records 
 
 
 class _Tail:
+    """New complete lines of one events file; a file made anew (the task core makes it again when its
+    folder was deleted) is read from its start."""
+
     def __init__(self, path: Path):
-        self.path, self.offset, self.partial = path, 0, b""
+        self.path, self.offset, self.partial, self.inode = path, 0, b"", None
 
     def lines(self) -> list[bytes]:
         try:
             with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self.inode or st.st_size < self.offset:
+                    self.inode, self.offset, self.partial = (st.st_dev, st.st_ino), 0, b""
                 f.seek(self.offset)
                 data = f.read(READ_MAX)
         except OSError:
