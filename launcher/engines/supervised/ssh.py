@@ -1,8 +1,7 @@
 """Tasks on remote hosts over SSH: one fabric connection per host, reused for everything in a run.
 
-Every value that reaches the remote shell is quoted with shlex (`shell_command`). Host keys are
-checked against known_hosts (fabric alone checks nothing); `accept_new_host_keys` records the
-key of a host seen for the first time, as OpenSSH's `StrictHostKeyChecking accept-new` does.
+Every value that reaches the remote shell is quoted with shlex (`shell_command`); host keys are
+checked as the connection opens (sshconn, hostkeys).
 
 Each remote task's supervisor reads the SSH channel as its stdin: it stops its task when the
 channel reaches EOF (the launcher stopped the task, or exited, or the connection closed) or when
@@ -50,11 +49,10 @@ class SSHTransport(Transport):
 
     def __init__(self, host: Host, launch: Launch):
         self.host, self.launch = host, launch
-        self.lock = threading.Lock()
+        self.lock, self.channels_lock = threading.Lock(), threading.Lock()
         self.conn: Connection | None = None
         self.channels: set = set()  # live task channels that get keepalives
         self.held: dict[int, paramiko.Channel] = {}  # preflight checks waiting to become supervisors
-        self.channels_lock = threading.Lock()
         self.keepalive: threading.Thread | None = None
         self.closed = threading.Event()
         self.connect_s: float | None = None
@@ -74,8 +72,7 @@ class SSHTransport(Transport):
 
     @property
     def where(self) -> str:
-        name = f"host {self.host.name} " if self.host.name else "host "
-        return f"{name}{self.target}"
+        return f"host {self.host.name} {self.target}" if self.host.name else f"host {self.target}"
 
     # ---- connecting
     def connect(self) -> float:
@@ -269,12 +266,13 @@ class SSHTransport(Transport):
                     self.forget(ch)
 
     def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[dict]:
-        python = plans[0].python
-        code, out, err = self.call(plans[0], [python, "-m", "worker.task.probe", *flag, *[p.run_dir for p in plans]],
-                                   timeout)
-        if code != 0 or not out.strip():
-            raise HostUnreachable(f"{self.where}: worker.task.probe failed: {(err.strip().splitlines() or ['?'])[-1]}")
-        return json.loads(out.strip().splitlines()[-1])
+        argv = [plans[0].python, "-m", "worker.task.probe", *flag, *[p.run_dir for p in plans]]
+        code, out, err = self.call(plans[0], argv, timeout)
+        try:  # its last line is the report (a login script may print before it)
+            return json.loads((out.strip().splitlines() if code == 0 else [])[-1])
+        except (IndexError, ValueError):
+            raise HostUnreachable(f"{self.where}: worker.task.probe failed: "
+                                  f"{(err.strip().splitlines() or ['no report'])[-1]}") from None
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
         return self._probe_call(plans, [], CALL_TIMEOUT_S)
@@ -282,7 +280,6 @@ class SSHTransport(Transport):
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
         return self._probe_call(plans, ["--stop"], CALL_TIMEOUT_S)
 
-    # ---- sync
     def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict:
         try:
             return sync_over_sftp(self.connection().sftp(), files, workdir)
