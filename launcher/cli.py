@@ -74,8 +74,10 @@ def render(
     if output is None:
         typer.echo(text, nl=False)
         return
-    try:
-        output.write_text(text)
+    from worker.task.files import write_private
+
+    try:  # owner only: it holds the spec's env as given, secrets included
+        write_private(output, text)
     except OSError as exc:
         raise SpecError(f"cannot write {output}: {exc.strerror or exc}") from None
     typer.echo(f"wrote {output}; apply it with: kubectl apply -f {output}")

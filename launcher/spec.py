@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import enum
-import posixpath
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
 from launcher.specbase import (LOCAL_ADDRESSES, Entrypoint, Port, PositiveFloat, PositiveInt, _Model,
                                _no_control, env_names, nul_at)
-from launcher.specsched import K8S_NOT_LAUNCH, Kubernetes, Slurm
+from launcher.specsched import K8S_NOT_LAUNCH, Kubernetes, Slurm, scheduler_problems
 
 
 class HostOptions(_Model):
@@ -171,13 +170,11 @@ class ClusterSpec(_Model):
         k8s = self.kubernetes
         for key in sorted(self.launch.model_fields_set & set(K8S_NOT_LAUNCH)) if k8s is not None else ():
             raise ValueError(f"launch.{key}: not used with [kubernetes] ({K8S_NOT_LAUNCH[key]})")
-        ck = self.training.checkpoint_dir
-        if k8s is not None and k8s.workers > 1 and ck and "://" not in ck:  # a URL (gs://, s3://) is shared
-            mount = f"{k8s.workdir.rstrip('/')}/.mgpu"
-            if not (k8s.volume_claim and posixpath.normpath(posixpath.join(k8s.workdir, ck)).startswith(mount + "/")):
-                raise ValueError(f"training.checkpoint_dir: with several pods it must be on storage every pod shares: "
-                                 f"set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at {mount}) and put "
-                                 f"the checkpoint below {mount}, or use a URL (gs://...), or leave it out")
+        sched = self.slurm or k8s
+        problem = sched and scheduler_problems(sched, self.training.local_replicas, self.training.checkpoint_dir,
+                                               self.training.entrypoint is not None)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

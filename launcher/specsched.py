@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Optional
 
@@ -20,6 +21,7 @@ SBATCH_OWN = {
     "-J": "", "--job-name": "", "-o": "", "--output": "", "-e": "", "--error": "", "-n": "", "--ntasks": "",
     "--ntasks-per-node": "", "-a": "", "--array": "", "--open-mode": "", "--parsable": "", "--wrap": "",
     "--test-only": "", "-W": "", "--wait": "", "-H": "", "--hold": "",
+    "--signal": "", "--requeue": "", "--no-requeue": "",  # the notice before a time limit; a requeue resumes
 }
 
 
@@ -75,6 +77,8 @@ class Slurm(_Model):
             if not _no_control(opt) or not opt.strip():
                 raise ValueError(f"[{i}] {opt!r}: an option must be one line of text")
             name = opt.split("=", 1)[0] if opt.startswith("--") else opt[:2]
+            if name.startswith("--") and len(name) > 3:  # sbatch takes a long option's unambiguous prefix
+                name = next((own for own in SBATCH_OWN if own.startswith(name)), name)
             if name in SBATCH_OWN:
                 key = SBATCH_OWN[name]
                 raise ValueError(f"[{i}] {opt!r}: " + (f"set it with [slurm].{key} instead" if key else
@@ -87,8 +91,12 @@ class Slurm(_Model):
     _env = field_validator("env")(classmethod(lambda cls, env: env_names(env)))
 
 
-K8sName = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
-K8sQuantity = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+K8sName = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
+K8sSubdomain = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+K8sQuantity = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+# set by Kubernetes (the Job's index) or by the pod entry from it: a value in [kubernetes].env would stand
+K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID",
+               "MGPU_NUM_WORKERS")
 # [launch] keys that mean nothing to a JobSet, and why
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
@@ -99,7 +107,7 @@ class Kubernetes(_Model):
     """A Kubernetes cluster: a JobSet of `workers` pods, rendered by `mgpu-cluster render`."""
 
     image: str
-    workers: PositiveInt
+    workers: Annotated[int, Field(ge=1, le=100000)]  # an Indexed Job's completions are at most 100000
     namespace: str = "default"
     port: Port = 20000
     gpus_per_worker: Annotated[int, Field(ge=0)] = 0  # the nvidia.com/gpu limit of each pod
@@ -110,11 +118,19 @@ class Kubernetes(_Model):
     memory: Optional[str] = None  # each pod's memory request and limit, e.g. "16Gi"
     volume_claim: Optional[str] = None  # a PersistentVolumeClaim mounted at workdir/.mgpu: shared by every pod
 
-    @field_validator("namespace", "volume_claim")
+    @field_validator("namespace")
     @classmethod
     def _name(cls, value):
-        if value is not None and not K8sName.match(value):
-            raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits and '-')")
+        if not K8sName.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes namespace (at most 63 lower-case letters, digits and '-')")
+        return value
+
+    @field_validator("volume_claim")
+    @classmethod
+    def _claim(cls, value):
+        if value is not None and not K8sSubdomain.match(value):
+            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lower-case letters, digits, '-' and "
+                             "'.', at most 253)")
         return value
 
     @field_validator("cpu", "memory")
@@ -127,12 +143,38 @@ class Kubernetes(_Model):
     @field_validator("image", "python", "workdir")
     @classmethod
     def _text(cls, value, info):
-        if not value.strip() or not _no_control(value):
-            raise ValueError("must be one line of text")
+        if not value.strip() or not _no_control(value) or value != value.strip():
+            raise ValueError("must be one line of text, with no space at either end")
         if info.field_name == "workdir" and not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path in the container")
         return value
 
-    _env = field_validator("env")(classmethod(lambda cls, env: env_names(env)))
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env):
+        for name in sorted(set(env or {}) & set(K8S_OWN_ENV)):
+            raise ValueError(f"{name}: set in each pod by Kubernetes or by mgpu-cluster from its index; leave it out")
+        return env_names(env)
 
 
+def scheduler_problems(sched: Slurm | Kubernetes, local_replicas: int | None, checkpoint_dir: str | None,
+                       builtin: bool) -> str | None:
+    """What a [slurm] or [kubernetes] table cannot run with the rest of the spec (no preflight may catch it:
+    Kubernetes starts the pods, Slurm picks the nodes)."""
+    gpus, key = ((sched.gpus_per_node, "slurm.gpus_per_node") if isinstance(sched, Slurm)
+                 else (sched.gpus_per_worker, "kubernetes.gpus_per_worker"))
+    if gpus and local_replicas and local_replicas != gpus:
+        return (f"training.local_replicas: {local_replicas}, but {key} = {gpus}: on GPUs each GPU is one replica; "
+                "leave local_replicas out (or make it equal)")
+    if isinstance(sched, Slurm) or sched.workers == 1 or not (checkpoint_dir or builtin):
+        return None
+    if checkpoint_dir and "://" in checkpoint_dir and not checkpoint_dir.startswith("file://"):
+        return None  # a URL (gs://, s3://) is shared storage
+    mount = f"{sched.workdir.rstrip('/')}/.mgpu"
+    where = posixpath.normpath(posixpath.join(sched.workdir, checkpoint_dir or ".mgpu/runs"))
+    if sched.volume_claim and where.startswith(mount + "/"):
+        return None
+    return ("training.checkpoint_dir: with several pods the checkpoint must be on storage every pod shares (a pod "
+            "that Kubernetes starts again has an empty file system, so a restart or preemption would start over): "
+            f"set kubernetes.volume_claim to a PersistentVolumeClaim (mounted at {mount}, where the default "
+            f"checkpoint lies) and keep the checkpoint below {mount}, or set checkpoint_dir to a URL (gs://...)")

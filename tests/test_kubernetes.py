@@ -104,9 +104,19 @@ def test_what_jobset_does_not_take_is_refused(change, named):
     ({"kubernetes": {"image": "x", "workers": 2, "namespace": "ML"}}, "kubernetes.namespace"),
     ({"kubernetes": {"image": "x", "workers": 2, "memory": "16GB"}}, "kubernetes.memory"),
     ({"kubernetes": {"workers": 2}}, "kubernetes.image"),
+    ({"kubernetes": {"image": "x", "workers": 2}}, "storage every pod shares"),  # the default checkpoint, no volume
+    ({"training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": "file:///ck"}}, "volume_claim"),
+    ({"kubernetes": {"image": "x", "workers": 2, "volume_claim": "runs", "gpus_per_worker": 2},
+      "training": {"entrypoint": "worker.examples.digits:task", "local_replicas": 4}}, "training.local_replicas"),
+    ({"kubernetes": {"image": "x", "workers": 2, "namespace": "team-" + "a" * 60}}, "kubernetes.namespace"),
+    ({"kubernetes": {"image": " x:1 ", "workers": 2}}, "kubernetes.image"),
+    ({"kubernetes": {"image": "x", "workers": 100001}}, "kubernetes.workers"),
+    ({"kubernetes": {"image": "x", "workers": 2, "env": {"JOB_COMPLETION_INDEX": "0"}}}, "JOB_COMPLETION_INDEX"),
+    ({"kubernetes": {"image": "x", "workers": 2, "env": {"TF_CONFIG": "{}"}}}, "TF_CONFIG"),
 ])
 def test_keys_that_mean_nothing_to_a_jobset_are_refused_by_name(extra, named):
-    base = {"kubernetes": {"image": "x", "workers": 2}, "training": {"entrypoint": "worker.examples.digits:task"}}
+    base = {"kubernetes": {"image": "x", "workers": 2, "volume_claim": "runs"},
+            "training": {"entrypoint": "worker.examples.digits:task"}}
     assert parse_spec(base).num_workers == 2  # the spec without the extra is fine
     with pytest.raises(SpecError, match=named):
         parse_spec({**base, **extra})
@@ -117,6 +127,7 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
     r = cli("render", REPO / "cluster.k8s.toml", "-o", out, timeout=60)
     assert r.returncode == 0 and "kubectl apply -f" in r.stdout, r.stderr
     assert yaml.safe_load(out.read_text())["kind"] == "JobSet"
+    assert out.stat().st_mode & 0o777 == 0o600  # it holds the spec's env as given, secrets included
     dry = cli("up", "--dry-run", REPO / "cluster.k8s.toml", timeout=60)
     assert dry.returncode == 0 and "kind: JobSet" in dry.stdout
     # the rest, one paragraph and exit 2, before anything is planned or recorded (no run in MGPU_HOME)
@@ -127,6 +138,16 @@ def test_render_and_check_from_the_cli(cli, tmp_path):
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr
         assert "preflight" not in r.stdout + r.stderr, r.stdout  # not told as a refused preflight of hosts
     assert not list((tmp_path / "mgpu-home").glob("runs/*")), "a run that Kubernetes starts is not recorded here"
+
+
+def test_names_and_quantities_kubernetes_takes_are_taken():
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 2, "volume_claim": "data.shared-1", "memory": "1.5Pi",
+                                      "cpu": ".5", "gpus_per_worker": 2},
+                       "training": {"entrypoint": "worker.examples.digits:task", "local_replicas": 2}})
+    assert spec.kubernetes.volume_claim == "data.shared-1" and spec.kubernetes.memory == "1.5Pi"
+    with pytest.raises(SpecError, match="slurm.gpus_per_node = 2"):
+        parse_spec({"slurm": {"nodes": 2, "workdir": "/tmp", "gpus_per_node": 2},
+                    "training": {"entrypoint": "worker.examples.digits:task", "local_replicas": 4}})
 
 
 @pytest.mark.parametrize("k8s, checkpoint_dir", [
@@ -206,7 +227,7 @@ def pods_hosts(tmp_path_factory):
 def pods(hosts, tmp_path: Path, training: dict) -> list[tuple[list[str], dict, str]]:
     """Each pod's (command, env, namespace) from the rendered manifest, its host names in /etc/netns."""
     spec = parse_spec({"kubernetes": {"image": "unused", "workers": 2, "python": PY, "port": 20000,
-                                      "workdir": str(tmp_path / "pods")},
+                                      "workdir": str(tmp_path / "pods"), "volume_claim": "runs"},
                        "training": training, "launch": {"preempt_grace": 30}})
     rendered = tmp_path / "jobset.yaml"
     rendered.write_text(render(spec, RUN))  # what `mgpu-cluster render -o` writes

@@ -23,6 +23,7 @@ from test_preempt_worker import (EXIT_PREEMPTED, STEPS, assert_resumed_at, asser
 from test_worker import Workers, read_progress, run_ok
 
 from launcher.devices import TaskDevices, device_problems, loopback_warnings, nccl_env
+from worker.devices import task_devices
 
 DIGITS = ["--entrypoint", "worker.examples.digits:task"]
 
@@ -111,6 +112,11 @@ def test_device_verdicts_are_pure_functions():
     assert loopback_warnings([lo]) == []  # every task on this machine: fine
     assert nccl_env([a, b], remote=lambda i: True, env=lambda i: {"NCCL_SOCKET_IFNAME": "x"} if i else {}) == \
         {0: "eth0"}
+    # a host's own count: gpus = [] is CUDA_VISIBLE_DEVICES="" (no GPU, like "none"), whatever nvidia-smi says
+    for have in (None, set(), {0, 1}):
+        assert task_devices({"gpus": [], "local_replicas": 2}, have) == (2, None)
+    assert task_devices({"gpus": [1], "local_replicas": None}, {0, 1}) == (1, None)
+    assert task_devices({"gpus": "all"}, None)[0] is None
 
 
 def test_spec_passes_local_replicas_and_collective_to_the_worker():

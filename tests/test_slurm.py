@@ -291,6 +291,9 @@ def test_status_reads_a_tasks_latest_events(tmp_path):
     ("nodes = 2\nworkdir = 'runs'", "absolute path"),
     ("nodes = 2\nworkdir = '/tmp'\ntime = '2 hours'", "slurm.time"),
     ("nodes = 2\nworkdir = '/tmp'\nsbatch = ['--nodes=4']", "set it with [slurm].nodes"),
+    ("nodes = 2\nworkdir = '/tmp'\nsbatch = ['--part=debug']", "set it with [slurm].partition"),  # a prefix
+    ("nodes = 2\nworkdir = '/tmp'\nsbatch = ['--signal=TERM@5']", "sets this option itself"),
+    ("nodes = 2\nworkdir = '/tmp'\nsbatch = ['--no-requeue']", "sets this option itself"),
     ("nodes = 2\nworkdir = '/tmp'\nport = 70000", "slurm.port"),
 ])
 def test_bad_slurm_table_is_refused_by_validation(cli, tmp_path, table, needle):

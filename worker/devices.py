@@ -35,7 +35,7 @@ def task_devices(task: dict, have: set[int] | None) -> tuple[int | None, str | N
     `have`: this host's GPUs (gpu_indices()). Where GPUs are asked for and nvidia-smi is missing,
     the count is None and the reason says so (no guess)."""
     gpus, local = task.get("gpus"), task.get("local_replicas") or 1
-    if gpus == "none":
+    if gpus in ("none", []):  # [] is CUDA_VISIBLE_DEVICES="": no GPU, as "none"
         return local, None
     if gpus is not None and have is None:
         named = "all its GPUs" if gpus == "all" else f"GPUs {gpus}"
