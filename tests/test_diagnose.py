@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DIGITS, free_port, latest_state, wait_for, wait_gone
+from conftest import DIGITS, free_port, latest_state, wait_for, wait_gone, write_spec
 from launcher.diagnose import report, stacks
 from launcher.diagnose.straggler import find
 from worker.stacks import dump, parse
@@ -102,6 +102,30 @@ def test_report_of_made_up_data_has_every_part(tmp_path):
     assert odd.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_of_a_run_still_going_draws_its_open_attempt_up_to_the_newest_progress():
+    """A running (or hung) run has no end: the open attempt and training end at the newest progress, else now."""
+    t0 = 1000.0
+    run = {"run_id": "r", "state": "running", "created_at": t0, "restarts": 1,
+           "phases": {"preflight_s": 1.0, "spawn_started": t0 + 1, "all_started": t0 + 2, "first_step": t0 + 6},
+           "attempts": [{"number": 0, "started_at": t0 + 1, "ended_at": t0 + 20, "outcome": "failed"},
+                        {"number": 1, "started_at": t0 + 21}]}
+    history = [{"time": t0 + s, "task": 0, "progress": {"samples_per_sec": 900}} for s in range(6, 51)]
+    assert report.open_end(run, history, now=t0 + 500) == t0 + 50  # the progress, not the clock
+    assert report.phases(run, t0 + 50)[-1] == ("training", t0 + 6, t0 + 50)  # and no teardown
+    assert report.phases(run)[-1][0] == "first step"  # no end given: training not drawn (as before)
+    timeline = report.figure(run, history, now=t0 + 500).axes[2]
+    bars = [c.get_paths()[0].vertices[:, 0] for c in timeline.collections]
+    widths = sorted((round(xs.min(), 2), round(xs.max() - xs.min(), 2)) for xs in bars)
+    assert (21.0, 29.0) in widths and (6.0, 44.0) in widths, widths  # attempt 1: 21..50; training: 6..50
+    label = next(t for t in timeline.texts if t.get_text() == "attempt 1: running")
+    assert label.get_position()[0] == pytest.approx((21 + 50) / 2)
+    assert "training 44.0 s" in [t.get_text() for t in timeline.get_legend().get_texts()]
+    # no progress yet: up to now, never before the newest time in the record
+    assert report.open_end(run, [], now=t0 + 70) == t0 + 70
+    assert report.open_end(run, [], now=None) == t0 + 21
+    assert report.open_end({**run, "ended_at": t0 + 60}, history, now=t0 + 500) is None
+
+
 # --------------------------------------------------------------------------- real runs
 
 def spec_pinned(tmp_path: Path, epochs: int, launch: str = "") -> Path:
@@ -147,7 +171,8 @@ def test_stacks_of_a_live_run_then_sigstop_is_hung_with_every_stack(cli, tmp_pat
         assert list(Path(t["run_dir"]).glob("stacks-*.txt")), t["run_dir"]
     assert not wait_gone(cli.home, 10)
     r = cli("stacks", timeout=60)  # the run has ended: nothing live to read
-    assert r.returncode == 1 and "not running" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"run {run['run_id']} has no running task (run state: failed): stacks are read" in r.stderr, r.stderr
 
 
 def busy_on_core_1(n: int) -> list[subprocess.Popen]:
@@ -180,3 +205,39 @@ def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cl
     else:
         assert snap["straggler"] is None, split
         assert "straggler" not in r.stdout
+
+
+PARKED = ("import os, time\nif os.environ['MGPU_TASK_INDEX'] == '1':\n    raise SystemExit(0)\n"
+          "def parked_here():\n    time.sleep(600)\nparked_here()\n")
+
+
+def test_stacks_name_a_finished_task_and_an_ended_run_says_so_plainly(cli, tmp_path):
+    """Task 1 exits at once, task 0 sleeps: `stacks` exits 0 with task 0's stack and task 1 named as not
+    running, 1 for `--task 1`, 2 for a task that does not exist; after `down`, 1 in plain words."""
+    spec = write_spec(tmp_path, f"command = {json.dumps([sys.executable, '-c', PARKED])}")
+    up = cli("up", "--detach", spec, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        st = wait_for(lambda: (lambda s: s if s and [t["state"] for t in s["tasks"]] == ["running", "succeeded"]
+                               else None)(latest_state(cli)), 60, "task 0 running and task 1 done")
+        task0 = st["tasks"][0]
+        # the interpreter may still be starting when the record says running: until it is in parked_here
+        r = wait_for(lambda: (lambda r: r if "parked_here (<string>:" in r.stdout else None)(cli("stacks", timeout=120)),
+                     60, "task 0's stack in parked_here")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.startswith(f"task 0 ({task0['host']}) pid {task0['pid']}\n"), r.stdout
+        assert r.stdout.rstrip().endswith(f"task 1 ({st['tasks'][1]['host']}): not running (state succeeded)"), r.stdout
+        one = cli("stacks", "--task", "1", timeout=60)
+        assert one.returncode == 1, one.stdout + one.stderr
+        assert (f"task 1 of run {st['run_id']} is not running (task state: succeeded, run state: running): stacks are "
+                "read from live processes;") in one.stderr, one.stderr
+        none = cli("stacks", "--task", "99", timeout=60)
+        assert none.returncode == 2 and "has no task 99" in none.stderr, none.stderr
+    finally:
+        down = cli("down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    r = cli("stacks", timeout=60)
+    assert r.returncode == 1 and not r.stdout, r.stdout + r.stderr
+    assert (f"run {st['run_id']} has no running task (run state: stopped): stacks are read from live processes; "
+            f"'mgpu-cluster status {st['run_id']}' shows the tasks.") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -13,8 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
+TRIES = 3
 TIMEOUT_S = 20.0
 
 
@@ -109,13 +111,19 @@ def dump(pid: int, timeout: float = TIMEOUT_S) -> Stacks:
                                  "(it comes with mgpu-cluster[tensorflow])")
     if not os.path.exists(f"/proc/{pid}"):
         return Stacks(pid, error=f"no process {pid} on this host")
-    argv = [exe, "dump", "--json", "--subprocesses", "--pid", str(pid)]
-    if stopped(pid):  # already still: read it as it is
-        argv.append("--nonblocking")
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return Stacks(pid, error=f"py-spy did not answer within {timeout:g} s")
+    deadline = time.monotonic() + timeout
+    for _ in range(TRIES):
+        argv = [exe, "dump", "--json", "--subprocesses", "--pid", str(pid)]
+        if stopped(pid):  # already still: read it as it is
+            argv.append("--nonblocking")
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return Stacks(pid, error=f"py-spy did not answer within {timeout:g} s")
+        # py-spy fails on a process that changes state under it (one being stopped): look again
+        if res.returncode == 0 or "Failed to get stack traces" not in res.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     if res.returncode != 0:
         err = next((line for line in res.stderr.splitlines() if line.strip()), f"exit code {res.returncode}")
         if "ermission" in res.stderr or "Operation not permitted" in res.stderr:

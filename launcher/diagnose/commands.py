@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from launcher.errors import RunFailed, RunNotFound
@@ -10,7 +11,8 @@ from worker.protocol import TaskState
 
 
 def stacks(run_id: str | None, task: int | None = None) -> None:
-    """Print the stacks of every live task (or of `task`); RunFailed (exit 1) names those with none."""
+    """Print the stacks of every live task (or of `task`) and a line for each task that is not running;
+    RunFailed (exit 1) when none is running, when `task` is not, or naming live tasks with no stacks."""
     from launcher.diagnose.stacks import take
     from launcher.runs import _engine
 
@@ -20,16 +22,21 @@ def stacks(run_id: str | None, task: int | None = None) -> None:
     chosen = [t for t in run.tasks if task is None or t.index == task]
     live = [t for t in chosen if t.state == TaskState.RUNNING and not run.ended]
     if not live:
-        which = f"task {task} of run {run.run_id} is" if task is not None else f"run {run.run_id} has no task"
-        raise RunFailed(f"{which} not running (run state: {run.state}); stacks are read from live processes. "
-                        f"'mgpu-cluster status {run.run_id}' shows the tasks.")
+        what = f"run {run.run_id} has no running task (run state: {run.state})"
+        if task is not None:
+            what = f"task {task} of run {run.run_id} is not running (task state: {chosen[0].state}, run state: {run.state})"
+        raise RunFailed(f"{what}: stacks are read from live processes; 'mgpu-cluster status {run.run_id}' "
+                        "shows the tasks.")
     engine = _engine(run)
     try:
         found = take(engine, [(t.index, t.host, t.pid) for t in live])
     finally:
         engine.close()
-    for ts in found:
-        print(ts.text(), flush=True)
+    lines = {ts.index: ts.text() for ts in found}
+    lines.update({t.index: f"task {t.index} ({t.host}): not running (state {t.state})"
+                  for t in chosen if t.index not in lines})  # not a failure: a finished task has no stack
+    for index in sorted(lines):
+        print(lines[index], flush=True)
     failed = [ts for ts in found if not ts.ok]
     if failed:
         raise RunFailed("no stacks from " + "; ".join(f"{ts.header}: {ts.why}" for ts in failed))
@@ -42,6 +49,6 @@ def report(run_id: str | None, out: Path | None = None) -> Path:
     run = record.load(run_id)
     folder = record.run_path(run.run_id)
     path = Path(out) if out else folder / "report.png"
-    draw.write(draw.from_files(folder / "state.json", folder / "progress.jsonl"), path)
+    draw.write(draw.from_files(folder / "state.json", folder / "progress.jsonl"), path, now=time.time())
     print(path, flush=True)
     return path

@@ -38,11 +38,26 @@ def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
     return run, history
 
 
-def phases(run: dict) -> list[tuple[str, float, float]]:
-    """(name, start, end) of preflight, start, first step, training and teardown, as far as recorded."""
+def open_end(run: dict, history: list[dict], now: float | None = None) -> float | None:
+    """Where a run that has not ended (still going, or hung) is drawn up to: its newest progress time, else
+    `now`, and never before the newest time its record holds. None for a run that has ended."""
+    if run.get("ended_at") is not None:
+        return None
+    ph = run.get("phases") or {}
+    known = [run.get("created_at"), *(ph.get(k) for k in ("spawn_started", "all_started", "first_step")),
+             *(a.get("started_at") for a in run.get("attempts") or []),
+             *(t.get("heartbeat") for t in run.get("tasks") or [])]
+    newest = max((h["time"] for h in history), default=now)
+    known = [x for x in (*known, newest) if isinstance(x, (int, float))]
+    return max(known) if known else None
+
+
+def phases(run: dict, until: float | None = None) -> list[tuple[str, float, float]]:
+    """(name, start, end) of preflight, start, first step, training and teardown, as far as recorded;
+    `until`: where training ends in a run that has not ended (open_end())."""
     ph, t0 = run.get("phases") or {}, run.get("created_at")
     attempts = run.get("attempts") or []
-    end = ph.get("end") or (attempts[-1].get("ended_at") if attempts else None)
+    end = ph.get("end") or (attempts[-1].get("ended_at") if attempts else None) or until
     marks = [("preflight", t0, ph.get("spawn_started") or (t0 + ph["preflight_s"] if t0 and "preflight_s" in ph else None)),
              ("start", ph.get("spawn_started"), ph.get("all_started")),
              ("first step", ph.get("all_started"), ph.get("first_step")),
@@ -66,8 +81,9 @@ def events(run: dict) -> list[tuple[float, str]]:
     return sorted(found)
 
 
-def figure(run: dict, history: list[dict]):
-    """The report as a matplotlib Figure (no pyplot, no display): a pure function of the data."""
+def figure(run: dict, history: list[dict], now: float | None = None):
+    """The report as a matplotlib Figure (no pyplot, no display): a pure function of the data; `now`: the
+    end of a run that has not ended and has no progress (open_end())."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -99,14 +115,15 @@ def figure(run: dict, history: list[dict]):
     # the timeline: phases (row 1), attempts coloured by outcome (row 0), events as lines on every axis
     from matplotlib.patches import Patch
 
-    shown = phases(run)
+    until = open_end(run, history, now)
+    shown = phases(run, until)
     for name, a, b in shown:
         timeline.broken_barh([(a - t0, max(b - a, 0.01))], (1.1, 0.8), color=PHASE_COLOURS[name])
     if shown:
         timeline.legend(handles=[Patch(color=PHASE_COLOURS[n], label=f"{n} {b - a:.1f} s") for n, a, b in shown],
                         loc="upper center", bbox_to_anchor=(0.5, -0.35), ncols=len(shown), fontsize=8, frameon=False)
     for a in run.get("attempts") or []:
-        end = a.get("ended_at") or run.get("ended_at") or a["started_at"]
+        end = a.get("ended_at") or run.get("ended_at") or until or a["started_at"]
         outcome = a.get("outcome")
         timeline.broken_barh([(a["started_at"] - t0, max(end - a["started_at"], 0.01))], (0.1, 0.8),
                              color=OUTCOME_COLOURS.get(outcome, OUTCOME_COLOURS[None]))
@@ -128,9 +145,9 @@ def figure(run: dict, history: list[dict]):
     return fig
 
 
-def write(data: tuple[dict, list[dict]], path: Path) -> Path:
+def write(data: tuple[dict, list[dict]], path: Path, now: float | None = None) -> Path:
     """figure() of (run, history) saved as a PNG at `path`."""
-    fig = figure(*data)
+    fig = figure(*data, now=now)
     path = Path(path)
     try:
         fig.savefig(path, dpi=100, format="png")  # a PNG whatever the name ends with
