@@ -122,6 +122,26 @@ def test_nested_records_and_files_are_bad_records_not_crashes(tmp_path):
                                      cwd=REPO, timeout=60).stdout)[0]["alive"] is False
 
 
+@pytest.mark.parametrize("create_time", ["NaN", "Infinity", "1e400", "-1e308", "null", '"x"'])
+def test_a_task_json_that_names_another_process_stops_nothing(tmp_path, create_time):
+    """`down` stops a task from its folder by task.json's pids, each with its create time: a time that is
+    not the process's (NaN compares false with everything) must never name it."""
+    bystander = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        task = tmp_path / "task-0"
+        task.mkdir()
+        pid = bystander.pid
+        (task / "task.json").write_text(f'{{"pid": {pid}, "create_time": {create_time}, "supervisor_pid": {pid}, '
+                                        f'"supervisor_create_time": {create_time}, "pid_too_big": 1e999}}')
+        r = subprocess.run([PY, "-m", "worker.task.probe", "--stop", str(task)], capture_output=True, text=True,
+                           cwd=REPO, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert json.loads(r.stdout)[0]["alive"] is False and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_up_with_a_nested_progress_json_succeeds_and_status_answers(cli, tmp_path):
     script = (f"import os, time; p = os.path.join(os.environ['MGPU_RUN_DIR'], 'progress.json')\n"
               f"for text in {NESTED!r}:\n"

@@ -28,10 +28,10 @@ def same(pid: int | None, create_time: float | None) -> psutil.Process | None:
         return None
     try:
         proc = psutil.Process(int(pid))
-        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.01:
+        if create_time is not None and not abs(proc.create_time() - float(create_time)) <= 0.01:  # NaN: not it
             return None
         return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-    except (psutil.Error, ValueError, TypeError):
+    except (psutil.Error, ValueError, TypeError, OverflowError):  # task.json: where the training can write
         return None
 
 
