@@ -256,8 +256,8 @@ def _down(run: record.RunRecord) -> None:
             results = engine.stop_from_folders(list(range(len(run.tasks))))
         finally:
             engine.close()
-        problems = [f"{engine.plan[i].label}: {r.error}" for i, r in enumerate(results) if not r.ok]
         unreached = [i for i, r in enumerate(results) if not r.ok]
+        problems = [f"{engine.plan[i].label}: {results[i].error}" for i in unreached]
         for t in run.tasks:
             if t.state in (TaskState.PENDING, TaskState.RUNNING):  # one we could not reach may still run
                 t.state = TaskState.LOST if t.index in unreached else TaskState.STOPPED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -79,6 +80,17 @@ def wait_for(cond, timeout: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A real small disk: a tmpfs of `size` mounted at `folder` (made), unmounted afterwards (needs root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def latest_state(cli) -> dict | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, Cli, latest_state, reap, run_processes, wait_for, wait_gone, write_spec
+from conftest import IN_CI, Cli, latest_state, reap, run_processes, tmpfs, wait_for, wait_gone, write_spec
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 and not IN_CI,
                                 reason="needs root to mount a small tmpfs (never skipped under CI=true)")
@@ -24,11 +24,8 @@ PY = sys.executable
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs at tmp_path/disk, unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        yield disk
 
 
 def fill(disk: Path) -> None:

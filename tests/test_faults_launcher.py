@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, Cli, latest_state, reap, run_processes, wait_for, wait_gone, write_spec
+from conftest import IN_CI, Cli, latest_state, reap, run_processes, tmpfs, wait_for, wait_gone, write_spec
 
 PY = sys.executable
 needs_root = pytest.mark.skipif(os.geteuid() != 0 and not IN_CI,
@@ -54,15 +54,10 @@ def test_ctrl_c_during_a_failed_attempts_teardown_restarts_nothing(cli, tmp_path
 @pytest.fixture
 def full_home(tmp_path):
     """An MGPU_HOME on a 1 MiB tmpfs that is full (an empty file still fits: inodes are not blocks)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "1m") as disk:
         (disk / "home" / "runs").mkdir(parents=True)
         subprocess.run(["dd", "if=/dev/zero", f"of={disk}/filler", "bs=64k"], capture_output=True)
         yield disk / "home"
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 @needs_root

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, free_port, latest_state, wait_for, wait_gone, write_spec
+from conftest import IN_CI, REPO, free_port, latest_state, tmpfs, wait_for, wait_gone, write_spec
 from worker import protocol
 from worker.task.slurm import peer_failed
 
@@ -187,10 +187,7 @@ def test_an_events_file_deleted_with_its_folder_is_made_again_and_gets_the_exit(
 
 @needs_root
 def test_a_record_torn_by_a_full_disk_does_not_swallow_the_exit(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "1m") as disk:
         script = (f"import os, subprocess, sys, time; print('x' * 100, flush=True); time.sleep(0.5)\n"
                   f"subprocess.run(['dd', 'if=/dev/zero', 'of={disk}/filler', 'bs=4k'], capture_output=True)\n"
                   "for _ in range(3): print('y' * 3000, flush=True); time.sleep(0.3)\n"
@@ -200,8 +197,6 @@ def test_a_record_torn_by_a_full_disk_does_not_swallow_the_exit(tmp_path):
         assert proc.returncode == 3 and b"Traceback" not in err, err.decode()
         events = records((disk / "task-0" / "events-0.jsonl").read_bytes())
         assert [ev.code for ev in of_kind(events, protocol.Exit)] == [3], events
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 # ---------------------------------------------------------------- 4. progress writes never end the training
@@ -218,10 +213,7 @@ def test_the_progress_writer_makes_a_deleted_folder_again(tmp_path):
 
 @needs_root
 def test_a_full_disk_never_ends_the_training_and_leaves_no_temporary_file(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "256k") as disk:
         script = (f"import subprocess; from worker.progress import ProgressWriter; w = ProgressWriter({str(disk)!r})\n"
                   f"subprocess.run(['dd', 'if=/dev/zero', 'of={disk}/filler', 'bs=4k'], capture_output=True)\n"
                   "for i in range(3): w.update(force=True, state='training', step=i, metrics={'m' * 5000: 1.0})\n"
@@ -230,8 +222,6 @@ def test_a_full_disk_never_ends_the_training_and_leaves_no_temporary_file(tmp_pa
         assert r.returncode == 0 and r.stdout.strip() == "trained on" and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.count("cannot write") == 1 and str(disk) in r.stderr, r.stderr
         assert sorted(os.listdir(disk)) == ["filler"], os.listdir(disk)  # no temporary file left
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 # ---------------------------------------------------------------- 5. output is budgeted as it is encoded

@@ -45,30 +45,34 @@ def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
     a second `up` on the same port is refused, naming the run that holds it, before anything starts."""
     folder = mgpu_home() / "ports"
     held, problems = [], []
-    for plan in plans:
-        host = "localhost" if plan.host.is_local else plan.host.address.lower()
-        lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
-        try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for plan in plans:
+            host = "localhost" if plan.host.is_local else plan.host.address.lower()
+            lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
             if lock.acquire():
                 held.append(lock)
                 os.ftruncate(lock.fd, 0)
                 os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
-                continue
-        except OSError as exc:
-            for taken in held:
-                taken.release()
-            raise HomeError(f"cannot hold the port claims of run {run_id} in {folder}: {exc.strerror or exc}, so "
-                            "nothing was started. Free space there or fix its permissions, or set MGPU_HOME to a "
-                            "folder you can write, then run again.") from None
-        try:
-            holder, pid = lock.path.read_text().split()
-        except (OSError, ValueError):
-            holder, pid = "another run", "?"
-        problems.append(f"{plan.label}: port {plan.host.port} on {plan.host.label} is held by run {holder} "
-                        f"(launcher pid {pid}); stop it with 'mgpu-cluster down {holder}', or choose another port")
+            else:
+                problems.append(_held_by(plan, lock))
+    except OSError as exc:
+        for taken in held:
+            taken.release()
+        raise HomeError(f"cannot hold the port claims of run {run_id} in {folder}: {exc.strerror or exc}, so "
+                        "nothing was started. Free space there or fix its permissions, or set MGPU_HOME to a "
+                        "folder you can write, then run again.") from None
     if problems:
         for lock in held:
             lock.release()
         raise PreflightError("preflight refused the cluster, nothing was started:\n  " + "\n  ".join(problems))
     return held
+
+
+def _held_by(plan: TaskPlan, lock: Lock) -> str:
+    try:
+        holder, pid = lock.path.read_text().split()
+    except (OSError, ValueError):
+        holder, pid = "another run", "?"
+    return (f"{plan.label}: port {plan.host.port} on {plan.host.label} is held by run {holder} (launcher pid "
+            f"{pid}); stop it with 'mgpu-cluster down {holder}', or choose another port")

@@ -22,6 +22,8 @@ def encoded(line: str) -> int:
 
 def clip(line: str, limit: int = LINE_MAX, cut: bool = False) -> str:
     """`line` within about `limit` encoded bytes, marked when cut (or when `cut` says it was cut already)."""
+    if len(line) * 12 + 2 <= limit:  # no character takes more than 12 bytes (a surrogate pair): no need to encode
+        return line + CUT if cut else line
     size = encoded(line)
     while size > limit:
         line = line[:len(line) * limit // size]  # shorter each round: a few rounds at most
