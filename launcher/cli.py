@@ -40,18 +40,19 @@ def tf_config(
 ):
     """Print the TF_CONFIG of one task (or of all) as JSON."""
     from launcher.errors import SpecError
+    from launcher.plan import plan_tasks
     from launcher.specfile import load_spec
-    from launcher.tfconfig import tf_config as build
 
     cluster = load_spec(spec)
     if all_ == (task is not None):
         raise SpecError("Give exactly one of --task N or --all.")
-    if all_:
-        typer.echo(json.dumps([build(cluster, i) for i in range(cluster.num_workers)], indent=2))
-        return
-    if not 0 <= task < cluster.num_workers:
+    if cluster.hosts is None:
+        raise SpecError(f"{spec}: with [slurm] or [kubernetes], each task builds its TF_CONFIG when it starts, from "
+                        "the nodes Slurm gave the job or the JobSet's host names; 'mgpu-cluster up --dry-run' shows how")
+    if not all_ and not 0 <= task < cluster.num_workers:
         raise SpecError(f"--task {task}: {spec} has tasks 0..{cluster.num_workers - 1}.")
-    typer.echo(json.dumps(build(cluster, task), indent=2))
+    configs = [json.loads(p.env["TF_CONFIG"]) for p in plan_tasks(cluster, "tf-config")]  # the one builder's
+    typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
 
 
 @app.command()
@@ -74,7 +75,7 @@ def render(
     if output is None:
         typer.echo(text, nl=False)
         return
-    from worker.task.files import write_private
+    from worker.host.files import write_private
 
     try:  # owner only: it holds the spec's env as given, secrets included
         write_private(output, text)

@@ -89,4 +89,4 @@ def apply(checks: list, entries: dict[int, dict], say: Callable[[str], None]) ->
         say(line)
     found = nccl_env(tasks, lambda i: not by_index[i].plan.host.is_local, lambda i: by_index[i].plan.env)
     for i, interface in found.items():
-        by_index[i].plan.env[NCCL_IFNAME] = interface  # sent to the task when it starts
+        by_index[i].env[NCCL_IFNAME] = interface  # a finding: kept in the run record, given at each start

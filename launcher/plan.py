@@ -6,10 +6,11 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
+from launcher.home import run_folder
 from launcher.spec import ClusterSpec, Host
-from launcher.tfconfig import task_env
+from worker.host import layout
+from worker.host.env import endpoint, task_environment
 
 SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -39,21 +40,23 @@ class TaskPlan:
                 "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra, "--", *self.argv]
 
 
-def mgpu_home() -> Path:
-    """Where runs are recorded on the control machine: $MGPU_HOME, else the user's state folder."""
-    if os.environ.get("MGPU_HOME"):
-        return Path(os.environ["MGPU_HOME"]).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "mgpu-cluster"
-
-
 def run_root(host: Host, run_id: str) -> str:
     """The run's folder on a host, holding the tasks' folders, checkpoint and model.
 
     Relative paths are relative to the task's folder (its workdir, or the SSH login folder)."""
     if host.is_local and not host.workdir:
-        return str(mgpu_home() / "runs" / run_id / "hosts" / "localhost")
-    return f".mgpu/runs/{run_id}"
+        return str(layout.local_run_root(run_folder(run_id)))
+    return layout.run_root("", run_id)
+
+
+def host_env(host: Host) -> dict[str, str]:
+    """What the launcher gives a task of this host besides the contract: its GPUs, and the spec's env."""
+    env = {}
+    if host.gpus == "none":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif isinstance(host.gpus, list):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
+    return {**env, **(host.env or {})}
 
 
 def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
@@ -88,17 +91,17 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
     A task keeps its index and folder whatever the others do; its TF_CONFIG names only the
     hosts that take part, and its rank among them."""
     chosen = list(range(len(spec.hosts))) if only is None else list(only)
-    cluster = spec if only is None else spec.model_copy(update={"hosts": [spec.hosts[i] for i in chosen]})
+    workers = [endpoint(spec.hosts[i].address, spec.hosts[i].port) for i in chosen]
     plans = []
     for rank, i in enumerate(chosen):
         host = spec.hosts[i]
         python = host.python or (sys.executable if host.is_local else "python3")
-        run_dir = f"{run_root(host, run_id)}/task-{i}"
+        run_dir = layout.task_dir(run_root(host, run_id), i)
         plans.append(TaskPlan(
             index=i, host=host, python=python, run_dir=run_dir,
             cwd=os.path.expanduser(host.workdir) if host.is_local and host.workdir else host.workdir,
-            argv=worker_argv(spec, python), env=task_env(cluster, rank, run_id, run_dir), grace=spec.launch.stop_grace,
-            preempt_grace=spec.launch.preempt_grace,
+            argv=worker_argv(spec, python), env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i),
+            grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace,
         ))
     return plans
 

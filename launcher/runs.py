@@ -16,20 +16,21 @@ from pathlib import Path
 from launcher.run import interrupts, record
 from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.progress import typed
-from launcher.engines import Engine, engine_for
+from launcher.engines import engine_for
 from launcher.errors import Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
 from launcher.run.output import Output
 from launcher.specfile import load_spec
-from launcher.engines.base import EngineKind, parallel
+from launcher.engines.base import EngineKind, Inspecting, parallel
 from launcher.run.tables import plain, render
-from worker.task import procs
-from worker.protocol import EXIT_PREEMPTED, RunState, TaskState
+from worker.host import procs
+from launcher.run.states import RunState, TaskState
+from worker.protocol import EXIT_PREEMPTED
 
 DOWN_WAIT_S = 60.0
 SETTLE_WAIT_S = 5.0
 
 
-def _engine(run: record.RunRecord) -> Engine:
+def _engine(run: record.RunRecord) -> Inspecting:
     path = record.run_path(run.run_id) / "spec.toml"
     try:
         spec = load_spec(path, base=Path(run.spec_path).parent)
@@ -39,8 +40,11 @@ def _engine(run: record.RunRecord) -> Engine:
                          f"hosts are unknown ({why}). If its tasks may still run, stop them on their "
                          f"hosts (their folders are under .mgpu/runs/{run.run_id}/); remove {path.parent} when done."
                          ) from None
-    engine = engine_for(spec, run.run_id)
-    engine.attach({t.index: (t.host, t.port) for t in run.tasks}, run.job)
+    engine = engine_for(spec, run.run_id, landed=run)
+    if not isinstance(engine, Inspecting):
+        engine.close()
+        raise RunCorrupt(f"run {run.run_id}: its {engine.kind} engine keeps no tasks that mgpu-cluster can read "
+                         f"or stop ({engine.not_started_here()})")
     return engine
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 from launcher.run import interrupts, record
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
+from launcher.engines.base import Engine, Launching, TaskCheck
 from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, summary
-from worker.protocol import RunState
+from launcher.run.states import RunState
 
 
 def refuse(checks) -> None:
@@ -25,17 +26,25 @@ def refuse(checks) -> None:
                              "Fix these (free the port, correct the spec or the host) and run again.")
 
 
-def not_started_here(spec_path: Path, engine) -> None:
-    why = engine.not_started_here(str(spec_path))
-    if why:
+def launching(spec_path: Path, engine: Engine) -> Launching:
+    """The engine as one that starts runs; a spec whose runs start elsewhere (Kubernetes) is told how."""
+    if not isinstance(engine, Launching):
         engine.close()
-        raise SpecError(f"{spec_path}: {why}")
+        raise SpecError(f"{spec_path}: {engine.not_started_here(str(spec_path))}")
+    return engine
+
+
+def keep_findings(run: record.RunRecord, checks: list[TaskCheck]) -> None:
+    """What the preflight found for each task's environment, kept in the run record (a later attempt, and
+    an elastic run's new plans, get it from there: no preflight runs again)."""
+    for c in checks:
+        if c.env and not c.title:
+            run.task(c.plan.index).env_found.update(c.env)
 
 
 def check(spec_path: Path) -> None:
     spec = load_spec(spec_path)
-    engine = engine_for(spec, "check")
-    not_started_here(spec_path, engine)
+    engine = launching(spec_path, engine_for(spec, "check"))
     out = Output(threaded=False)
     try:
         checks = engine.preflight(Path(spec_path).parent, out.say)
@@ -50,18 +59,20 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     spec = load_spec(spec_path)
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
-    engine = engine_for(spec, run_id)
-    plans = engine.plans
+    planned = engine_for(spec, run_id)
+    plans = planned.plans
     if dry_run:
         out = Output(threaded=False)
-        return engine.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
-    not_started_here(spec_path, engine)
+        return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
+    launching(spec_path, planned)
     if detach:
         from launcher.run.detach import start_detached
 
         return start_detached(spec_path, run_id, len(plans), verbose)
     owner = record.Owner.create(run_id, spec_path, plans, detached=background)
     run = owner.record
+    planned.close()
+    engine = launching(spec_path, engine_for(spec, run_id, landed=run))  # reads what the run learns from its record
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
     run.engine = str(engine.kind)
     claims: list[Lock] = []
@@ -72,6 +83,7 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         checks = engine.preflight(Path(spec_path).parent, out.say, for_start=True)
         out.show(checks_table(checks))
         refuse(checks)
+        keep_findings(run, checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)
         out.say(f"starting {len(plans)} task(s); logs in {record.run_path(run_id)}")
         agent = Agent(spec, engine, owner, out)

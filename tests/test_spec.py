@@ -6,7 +6,7 @@ import os
 import pytest
 
 from launcher.specfile import load_spec, parse_spec
-from launcher.tfconfig import task_env, tf_config
+from launcher.plan import plan_tasks
 
 HOST0 = '[[hosts]]\naddress = "localhost"\nport = 20000\n'
 HOST1 = '[[hosts]]\naddress = "localhost"\nport = 20001\n'
@@ -120,7 +120,7 @@ def test_defaults_fill_hosts_and_env_merges(tmp_path):
     })
     assert [h.user for h in spec.hosts] == ["u", "v"]
     assert spec.hosts[1].env == {"A": "1", "B": "3"}
-    env = task_env(spec, 1, "r1", "/x/task-1")
+    env = plan_tasks(spec, "r1")[1].env
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["B"] == "3" and env["MGPU_TASK_INDEX"] == "1"
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["MGPU_NUM_WORKERS"] == "2"
 
@@ -148,7 +148,7 @@ def test_tf_config_round_trips_through_tensorflow(hosts, monkeypatch):
     spec = parse_spec({"hosts": [{"address": a, "port": p} for a, p in hosts], "training": {"command": ["x"]}})
     expected = [f"{a}:{p}" for a, p in hosts]
     for i in range(len(hosts)):
-        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config(spec, i)))
+        monkeypatch.setenv("TF_CONFIG", plan_tasks(spec, "r1")[i].env["TF_CONFIG"])
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         assert resolver.cluster_spec().as_dict() == {"worker": expected}
         assert resolver.task_type == "worker" and resolver.task_id == i

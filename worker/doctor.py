@@ -18,7 +18,7 @@ from importlib.machinery import PathFinder
 
 from worker.devices import gpu_indices, interface_for, task_devices
 from worker.mesh import mesh
-from worker.task.host import Ports
+from worker.host.system import Ports
 
 
 def version(dist: str) -> str | None:

@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 from worker.errors import SettingError
 from worker.protocol import FILE_MAX_BYTES, ProgressState, json_object
-from worker.task.files import write_private
+from worker.host import layout
+from worker.host.files import write_private
 
-FILENAME = "progress.json"
+FILENAME = layout.PROGRESS
 STATES = tuple(str(state) for state in ProgressState)
 DEFAULT_INTERVAL_S = 1.0
 

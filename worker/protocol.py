@@ -21,19 +21,6 @@ FILE_MAX_BYTES = 65536  # a file the training can write (progress.json, task.jso
 MAX_DEPTH = 16  # a record's dicts and lists nested deeper are refused (recursion in json and asdict)
 
 
-class TaskState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    PREEMPTED = "preempted"
-    STOPPED = "stopped"
-    LOST = "lost"
-
-    def __str__(self) -> str:
-        return self.value
-
-
 class ProgressState(str, enum.Enum):
     """The `state` a task writes in progress.json (worker.progress)."""
 
@@ -50,34 +37,6 @@ class ProgressState(str, enum.Enum):
             return cls(progress.get("state"))
         except (AttributeError, ValueError, TypeError):
             return None
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class AttemptOutcome(str, enum.Enum):
-    SUCCEEDED = "succeeded"
-    PREEMPTED = "preempted"  # a notice (host, scheduler, or Slurm's requeue): restarts without counting
-    FAILED = "failed"
-    SHRUNK = "shrunk"  # a host was lost and the run went on without it (elastic)
-    STOPPED = "stopped"  # Ctrl-C, TERM or `down`
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class RunState(str, enum.Enum):
-    PREFLIGHT = "preflight"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    LOST = "lost"  # its launcher ended without recording how the run ended
-
-    @property
-    def ended(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
 
     def __str__(self) -> str:
         return self.value

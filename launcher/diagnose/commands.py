@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.errors import RunFailed, RunNotFound
 from launcher.run import record
-from worker.protocol import TaskState
+from launcher.run.states import TaskState
 
 
 def stacks(run_id: str | None, task: int | None = None) -> None:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from launcher.engines.base import Engine
+from launcher.engines.base import Engine, Landed
 from launcher.spec import ClusterSpec
 
 
-def engine_for(spec: ClusterSpec, run_id: str, only: list[int] | None = None) -> Engine:
-    """The engine of this spec, its tasks planned for `run_id` (`only`: the tasks that take part)."""
+def engine_for(spec: ClusterSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None) -> Engine:
+    """The engine of this spec, its tasks planned for `run_id` (`only`: the tasks that take part);
+    `landed`: the run's record, where the engine reads what the run learned (None: `check`, a dry run)."""
     if spec.slurm is not None:
         from launcher.engines.slurm import SlurmEngine
 
-        return SlurmEngine(spec, run_id, only)
+        return SlurmEngine(spec, run_id, only, landed)
     if spec.kubernetes is not None:
         from launcher.engines.kubernetes import KubernetesEngine
 
-        return KubernetesEngine(spec, run_id, only)
+        return KubernetesEngine(spec, run_id, only, landed)
     from launcher.engines.supervised import SupervisedEngine
 
-    return SupervisedEngine(spec, run_id, only)
+    return SupervisedEngine(spec, run_id, only, landed)

@@ -130,12 +130,15 @@ class SchedulerEnd:
 
 @dataclass
 class TaskCheck:
-    """The preflight's verdict on one task (or, for a scheduler, on the whole job)."""
+    """The preflight's verdict on one task (or, for a scheduler, on the whole job), and what it found that
+    the task's environment needs (NCCL_SOCKET_IFNAME: the interface that carries its address): kept in
+    the run record, given to the task at each start."""
 
     plan: TaskPlan
     problems: list[str] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     title: str = ""  # the row's name when it is not one task's
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -146,14 +149,29 @@ class TaskCheck:
         return self.title or self.plan.label
 
 
+class Landed(Protocol):
+    """What the run record knows of a run that the spec and its plans do not: where each task landed
+    (host, port: a scheduler's node), what the preflight found for its environment, and the scheduler's
+    job. Engines read these facts from the record (launcher.run.record.RunRecord); they keep no copy."""
+
+    job: dict | None
+
+    def host_of(self, index: int) -> tuple[str, int]: ...
+
+    def found_env(self, index: int) -> dict[str, str]: ...
+
+
 class Engine(ABC):
+    """Every engine plans its tasks and shows how it would run them; what else it does, it says by the
+    roles it takes: Launching (`check` and `up` start its runs) and Inspecting (`status`, `logs`,
+    `stacks` and `down` read and stop its recorded runs)."""
+
     kind: EngineKind
 
-    def __init__(self, spec: ClusterSpec, run_id: str, only: list[int] | None = None):
-        self.spec, self.run_id = spec, run_id
+    def __init__(self, spec: ClusterSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
+        self.spec, self.run_id, self.landed = spec, run_id, landed
         self.plans = self.plan_tasks(only)
         self.plan = {p.index: p for p in self.plans}  # by task index (not always 0..n-1: elastic runs)
-        self.on_job: Callable[[dict], None] = lambda _job: None  # told when a scheduler's job is known
 
     @abstractmethod
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
@@ -163,15 +181,25 @@ class Engine(ABC):
     def dry_run(self, say: Callable[[str], None]) -> None:
         """Print what `up` would start, and how (secrets masked); start nothing."""
 
+    def not_started_here(self, spec_path: str = "SPEC") -> str | None:
+        """None when `check` and `up` start this engine's runs; else how they are run instead (a paragraph:
+        a rendered engine's runs are applied with the cluster's own tool)."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class Launching(ABC):
+    """An engine that starts its runs: checks the hosts, starts an attempt, stops it, says why it ended."""
+
+    plans: list[TaskPlan]
+    on_job: Callable[[dict], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
+
     @abstractmethod
     def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:
         """Check hosts and ports, start nothing. `for_start`: `up` starts the tasks next (an engine
         may keep what it opened for the checks)."""
-
-    def not_started_here(self, spec_path: str = "SPEC") -> str | None:
-        """None when `check` and `up` start this engine's runs; else why not and what to do instead (a
-        paragraph: a rendered engine's runs are applied with the cluster's own tool)."""
-        return None
 
     def claim_ports(self) -> list:
         """Locks on the host:port pairs this run will use (two runs of this machine never share one)."""
@@ -186,38 +214,32 @@ class Engine(ABC):
     def stop(self, indices: list[int]) -> None:
         """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink."""
 
-    @abstractmethod
-    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
-        """Stop tasks with no live handle (`down`, a teardown past its deadline); per task."""
+    def verdict(self, attempt: int) -> SchedulerEnd | None:
+        """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took
+        it back, and why; None where no scheduler decides (our supervisors) or it did not."""
+        return None
+
+    def reachable(self, indices: list[int]) -> list[Result[float]]:
+        """Whether each task's host answers now (elastic runs drop the ones that do not)."""
+        return [Result(value=0.0) for _ in indices]
+
+
+class Inspecting(ABC):
+    """An engine whose recorded runs are read and stopped with no launcher: from the tasks' folders
+    on their hosts, where the run record says they landed."""
 
     @abstractmethod
     def probe(self, indices: list[int]) -> list[Result[dict]]:
         """What each task's host says now: pid, alive, exit_code, progress, cpu_percent, rss."""
 
     @abstractmethod
-    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
-        """worker.log of a task from byte `offset` (or its last `tail` lines): (text, next offset)."""
+    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[bytes, int]:
+        """worker.log of a task from byte `offset` (or its last `tail` lines), as bytes: (data, next offset)."""
 
     @abstractmethod
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """Run a short command on task `index`'s host, in its folder: (exit code, stdout, stderr)."""
 
-    def verdict(self, attempt: int) -> SchedulerEnd | None:
-        """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took
-        it back, and why; None where no scheduler decides (our supervisors) or it did not."""
-        return None
-
-    def job_record(self) -> dict | None:
-        """The scheduler's job of the run (kept in the run record for status, logs and down), if any."""
-        return None
-
-    def attach(self, where: dict[int, tuple[str, int]], job: dict | None) -> None:
-        """An existing run (status, logs, down): where its tasks landed, and its scheduler job, as the
-        run record says."""
-
-    def reachable(self, indices: list[int]) -> list[Result[float]]:
-        """Whether each task's host answers now (elastic runs drop the ones that do not)."""
-        return [Result(value=0.0) for _ in indices]
-
-    def close(self) -> None:
-        pass
+    @abstractmethod
+    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+        """Stop tasks with no live handle (`down`, a teardown past its deadline); per task."""

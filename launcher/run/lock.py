@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from launcher.errors import HomeError, PreflightError
-from launcher.plan import TaskPlan, mgpu_home
+from launcher.home import mgpu_home
+from launcher.plan import TaskPlan
 
 
 class Lock:

@@ -16,13 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
-from launcher.plan import TaskPlan, mgpu_home
+from launcher.home import mgpu_home
+from launcher.plan import TaskPlan
 from launcher.run import fields
 from launcher.run.failure import Failure
 from launcher.run.lock import Lock
-from worker.protocol import AttemptOutcome, RunState, TaskState
-from worker.task.files import write_private
-from worker.task.host import free_space
+from launcher.run.states import AttemptOutcome, RunState, TaskState
+from worker.host.files import write_private
+from worker.host.system import free_space
 
 VERSION = 3
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -48,6 +49,7 @@ class TaskRecord:
     cpu_percent: float | None = None  # relayed by the task's supervisor
     rss: int | None = None
     proc_status: str | None = None
+    env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
 
 
 @dataclass
@@ -86,6 +88,18 @@ class RunRecord:
     @property
     def ended(self) -> bool:
         return self.state.ended
+
+    def task(self, index: int) -> TaskRecord:
+        """A task by its index (an elastic run's tasks keep theirs)."""
+        return next(t for t in self.tasks if t.index == index)
+
+    def host_of(self, index: int) -> tuple[str, int]:
+        """Where task `index` landed, as its Started report said (a scheduler's node), else as planned."""
+        t = self.task(index)
+        return t.host, t.port
+
+    def found_env(self, index: int) -> dict[str, str]:
+        return dict(self.task(index).env_found)
 
     def set_state(self, state: RunState, failure: Failure | None = None) -> None:
         """The one place a run's state changes: an ended run keeps its end time and its failure."""
@@ -269,6 +283,6 @@ class Owner:
 def launcher_alive(record: RunRecord) -> bool:
     """The run's launcher is still there: its pid, started at its recorded time, lives. (Not the run's
     lock: a `status` that settles a dead launcher's run holds it for a moment too.)"""
-    from worker.task.procs import same
+    from worker.host.procs import same
 
     return same(record.agent_pid, record.agent_create_time) is not None

@@ -10,7 +10,7 @@ import socket
 import threading
 from pathlib import Path
 
-from worker.task.host import write_problem
+from worker.host.system import write_problem
 
 F_SETPIPE_SZ = 1031
 PIPE_BYTES = 16384  # what may sit in our stdout ahead of an exit report (the SSH window adds its own)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.task.channel import Channel
+from worker.host import layout
 from worker.task.folder import TaskFolder
-from worker.task.host import Meter, die_with_parent, port_holder
+from worker.host.system import Meter, die_with_parent, port_holder
 from worker.task.lines import Lines
-from worker.task.spawn import OWN_GROUP
+from worker.host.spawn import OWN_GROUP
 
-procs: Any = None  # worker.task.procs and worker.protocol: imported once the task runs (~30 ms)
+procs: Any = None  # worker.host.procs and worker.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
 
 GRACE_S = 1.0
@@ -42,7 +43,7 @@ EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.
 def _import_rest() -> None:
     global procs, protocol
     from worker import protocol
-    from worker.task import procs
+    from worker.host import procs
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,8 @@ class TaskCore:
                 self.note(f"cannot pin to cpus {s.cpus}: {exc.strerror}")
         ident = procs.identity(self.proc.pid) or (self.proc.pid, time.time())
         me = procs.identity(os.getpid()) or (os.getpid(), time.time())
-        self.folder.write("pid", f"{self.proc.pid}\n")
-        self.folder.write("task.json", json.dumps({
+        self.folder.write(layout.PID, f"{self.proc.pid}\n")
+        self.folder.write(layout.TASK_INFO, json.dumps({
             "pid": ident[0], "create_time": ident[1], "supervisor_pid": me[0], "supervisor_create_time": me[1],
             "run_id": self.run_id, "index": self.index, "attempt": s.attempt, "host": s.host,
             "port": s.report_port}))
@@ -143,7 +144,7 @@ class TaskCore:
             self.stop_task(s.preempt_grace if self.notice else s.grace)
         threading.Thread(target=self.watch, daemon=True).start()
         code = self.proc.wait()
-        self.folder.write("exit_code", f"{code}\n")  # before any send: a send may block (a cut-off link)
+        self.folder.write(layout.EXIT_CODE, f"{code}\n")  # before any send: a send may block (a cut-off link)
         pump.join(timeout=2.0)
         self.send_progress()  # the last word of a finished run
         left = procs.of_task(self.run_id, self.index) if self.run_id else []
@@ -153,7 +154,7 @@ class TaskCore:
         return self.finish(code)
 
     def refuse(self, code: int, reason: str) -> int:
-        self.folder.write("exit_code", f"{code}\n")
+        self.folder.write(layout.EXIT_CODE, f"{code}\n")
         self.note(reason)
         _import_rest()
         return self.finish(code, reason)
@@ -204,7 +205,7 @@ class TaskCore:
         """progress.json as a Progress record; one that cannot be read, parsed or encoded is no progress
         (the training writes it: untrusted input)."""
         try:
-            with open(self.run_dir / "progress.json", "rb") as f:
+            with open(layout.file(self.run_dir, layout.PROGRESS), "rb") as f:
                 raw = f.read(protocol.FILE_MAX_BYTES + 1)
             if raw == self.last_progress:  # read on each output batch too: most reads find nothing new
                 return

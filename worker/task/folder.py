@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from worker.task.files import write_private
-from worker.task.host import write_problem
+from worker.host import layout
+from worker.host.files import write_private
+from worker.host.system import write_problem
 
-STALE = ("exit_code", "progress.json", "pid", "task.json")  # an earlier attempt's, gone before the start
 
 
 class TaskFolder:
@@ -22,20 +22,20 @@ class TaskFolder:
     def prepare(self, header: bytes) -> None:
         """The folder (owner only), stale files gone, worker.log open: each step on its own, so that one that
         fails (a parent folder of another user's, a full disk) skips none of the others."""
-        log = self.path / "worker.log"
+        log = layout.file(self.path, layout.WORKER_LOG)
         self._try(log, lambda: self.path.mkdir(parents=True, exist_ok=True, mode=0o700))
         for folder in (self.path.parent, self.path):  # mkdir's mode does not reach the parents it makes
             try:
                 os.chmod(folder, 0o700)
             except OSError:
                 pass  # not ours (a shared run folder) or not there: said by the steps that need it
-        for stale in STALE:
+        for stale in layout.STALE:
             self._try(self.path / stale, lambda: (self.path / stale).unlink(missing_ok=True))
         self._try(log, self._open_log)
         self.log_write(header)
 
     def _open_log(self) -> None:
-        fd = os.open(self.path / "worker.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(layout.file(self.path, layout.WORKER_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.log = os.fdopen(fd, "ab", buffering=0)
 
     def _try(self, path: Path, step: Callable[[], object]) -> None:
@@ -51,7 +51,7 @@ class TaskFolder:
             self.log.write(data)
         except (OSError, ValueError) as exc:
             self.log = None  # a full disk: worker.log stops; the output still reaches the launcher
-            self.write_failed(self.path / "worker.log", exc)
+            self.write_failed(layout.file(self.path, layout.WORKER_LOG), exc)
 
     def write(self, name: str, text: str) -> None:
         try:

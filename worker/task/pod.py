@@ -1,11 +1,11 @@
 """The on-host entry of Kubernetes pods (a JobSet rendered by `mgpu-cluster render`); no TensorFlow here.
 
-    python -m worker.task.pod --run-dir RUN --hosts PATTERN --workers N --port P [--grace S]
+    python -m worker.task.pod --run-id ID --run-dir RUN --hosts PATTERN --workers N --port P [--grace S]
                               [--preempt-grace S] -- PROGRAM ARGS...
 
 Its rank is Kubernetes' JOB_COMPLETION_INDEX; the cluster's workers are PATTERN.format(i=0..N-1) (the
-JobSet's stable host names) at port P; the one builder (worker.task.env) makes TF_CONFIG. The task
-core runs PROGRAM with its records in RUN/task-<rank>/events-<attempt>.jsonl. SIGTERM (a node drain,
+JobSet's stable host names) at port P; the one builder (worker.host.env) makes TF_CONFIG. The task
+core runs PROGRAM with its records in its task folder's events file (worker.host.layout). SIGTERM (a node drain,
 a spot reclaim, a JobSet restart) is a notice: the group saves at one agreed step and exits 75.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from worker.task.channel import FileChannel
 from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
-from worker.task.env import endpoint, task_environment
+from worker.host import layout
+from worker.host.env import endpoint, task_environment
 from worker.task.signals import Signals
 
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     signals = Signals()  # first: as PID 1 a signal with no handler is dropped, a notice lost
     parser = argparse.ArgumentParser(prog="python -m worker.task.pod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-id", required=True)
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder (shared storage, or the pod's)")
     parser.add_argument("--hosts", required=True, help="the workers' host names, with {i} for the index")
     parser.add_argument("--workers", required=True, type=int)
@@ -37,25 +39,26 @@ def main(argv: list[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
-    index = os.environ.get("JOB_COMPLETION_INDEX", "")
-    if not index.isdigit() or not 0 <= int(index) < args.workers:
-        print(f"mgpu pod: JOB_COMPLETION_INDEX is {index!r}, not one of 0..{args.workers - 1}: this command runs "
-              "in the pods of an Indexed Job (the JobSet that 'mgpu-cluster render' writes)", file=sys.stderr)
+    rank = layout.task_index(f"task-{os.environ.get('JOB_COMPLETION_INDEX', '')}")  # ASCII digits, no leading 0
+    if rank is None or rank >= args.workers:
+        print(f"mgpu pod: JOB_COMPLETION_INDEX is {os.environ.get('JOB_COMPLETION_INDEX')!r}, not one of "
+              f"0..{args.workers - 1}: this command runs in the pods of an Indexed Job (the JobSet that "
+              "'mgpu-cluster render' writes)", file=sys.stderr)
         return EXIT_SETUP
-    rank, task_dir = int(index), args.run_dir / f"task-{index}"
+    task_dir = layout.task_dir(args.run_dir, rank)
     try:
         task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
         pass  # the core reports what it cannot write
-    attempt = len(list(task_dir.glob("events-*.jsonl")))  # a JobSet restart starts the pod afresh
+    attempt = len(layout.attempts(task_dir))  # a JobSet restart starts the pod afresh
     workers = [endpoint(args.hosts.format(i=i), args.port) for i in range(args.workers)]
-    own = task_environment({}, workers, rank, os.environ.get("MGPU_RUN_ID", ""), str(task_dir))
+    own = task_environment({}, workers, rank, args.run_id, str(task_dir))
     # the container's env (the spec's, as rendered) stands, as on every engine, but for what only the pod knows
     env = {k: v if k in ("TF_CONFIG", "MGPU_TASK_INDEX") else os.environ.get(k, v) for k, v in own.items()}
     setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=env, port=args.port,
                       grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       host=args.hosts.format(i=rank).split(".")[0], report_port=args.port, echo=True)
-    core = TaskCore(setup, FileChannel(task_dir / f"events-{attempt}.jsonl"))
+    core = TaskCore(setup, FileChannel(layout.events_file(task_dir, attempt)))
     signals.attach(core)
     code = core.run()
     from worker.protocol import EXIT_PREEMPTED  # imported by the core once the task ran

@@ -15,8 +15,9 @@ import psutil
 
 from worker.devices import nvidia_smi
 from worker.protocol import FILE_MAX_BYTES, json_object
-from worker.task import procs
-from worker.task.host import tree_rss
+from worker.host import layout
+from worker.host import procs
+from worker.host.system import tree_rss
 
 
 def _read(path: Path) -> bytes:
@@ -37,7 +38,7 @@ def _exit_code(raw: bytes) -> int | None:
 
 def task_info(d: Path) -> dict:
     """task.json of a task folder (pids with their create times), {} when missing or not one."""
-    return json_object(_read(d / "task.json")) or {}
+    return json_object(_read(layout.file(d, layout.TASK_INFO))) or {}
 
 
 def _named(info: dict, who: str = ""):
@@ -55,7 +56,7 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
         info = task_info(d)
         proc = _named(info)
         row = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
-               "exit_code": _exit_code(_read(d / "exit_code")), "progress": json_object(_read(d / "progress.json")),
+               "exit_code": _exit_code(_read(layout.file(d, layout.EXIT_CODE))), "progress": json_object(_read(layout.file(d, layout.PROGRESS))),
                "cpu_percent": None, "rss": None}
         if proc is not None:
             try:

@@ -9,6 +9,7 @@ import math
 
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
+from worker.host import layout
 from worker.protocol import EXIT_PREEMPTED
 
 REPLICATED_JOB = "worker"
@@ -21,7 +22,7 @@ def jobset_name(run_id: str) -> str:
 
 
 def run_folder(spec: ClusterSpec, run_id: str) -> str:
-    return f"{spec.kubernetes.workdir.rstrip('/')}/.mgpu/runs/{run_id}"
+    return layout.run_root(spec.kubernetes.workdir, run_id)
 
 
 def host_pattern(run_id: str) -> str:
@@ -32,20 +33,17 @@ def host_pattern(run_id: str) -> str:
 
 def pod_command(spec: ClusterSpec, run_id: str) -> list[str]:
     k8s, launch = spec.kubernetes, spec.launch
-    return [k8s.python, "-m", "worker.task.pod", "--run-dir", run_folder(spec, run_id), "--hosts",
+    return [k8s.python, "-m", "worker.task.pod", "--run-id", run_id, "--run-dir", run_folder(spec, run_id), "--hosts",
             host_pattern(run_id), "--workers", str(k8s.workers), "--port", str(k8s.port),
             "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", "--",
             *worker_argv(spec, k8s.python)]
 
 
-def pod_env(spec: ClusterSpec, run_id: str) -> dict[str, str]:
-    """What every pod gets; the pod entry adds TF_CONFIG, MGPU_TASK_INDEX and MGPU_RUN_DIR."""
+def pod_env(spec: ClusterSpec) -> dict[str, str]:
+    """What the launcher gives every pod (the container's env); the pod entry builds the rest of the
+    task's environment, TF_CONFIG included, with the one builder (worker.host.env)."""
     k8s = spec.kubernetes
-    env = {"MGPU_RUN_ID": run_id, "MGPU_NUM_WORKERS": str(k8s.workers), "TF_USE_LEGACY_KERAS": "1",
-           "PYTHONUNBUFFERED": "1"}
-    if k8s.gpus_per_worker == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return {**env, **(k8s.env or {})}
+    return {**({"CUDA_VISIBLE_DEVICES": ""} if k8s.gpus_per_worker == 0 else {}), **(k8s.env or {})}
 
 
 def _resources(spec: ClusterSpec) -> dict:
@@ -62,7 +60,7 @@ def _resources(spec: ClusterSpec) -> dict:
 def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
     """The JobSet; `masked`: env values whose names look secret shown as **** (for --dry-run)."""
     k8s, launch, name = spec.kubernetes, spec.launch, jobset_name(run_id)
-    env = mask_env(pod_env(spec, run_id)) if masked else pod_env(spec, run_id)
+    env = mask_env(pod_env(spec)) if masked else pod_env(spec)
     container = {"name": "worker", "image": k8s.image, "command": pod_command(spec, run_id),
                  "workingDir": k8s.workdir, "ports": [{"name": "tf", "containerPort": k8s.port, "protocol": "TCP"}],
                  "env": [{"name": key, "value": value} for key, value in env.items()]}
@@ -72,7 +70,7 @@ def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
            # the notice (SIGTERM) to KILL: the group's coordinated save, with room for the core's own stop
            "terminationGracePeriodSeconds": math.ceil(launch.preempt_grace) + 10}
     if k8s.volume_claim:
-        container["volumeMounts"] = [{"name": "runs", "mountPath": f"{k8s.workdir.rstrip('/')}/.mgpu"}]
+        container["volumeMounts"] = [{"name": "runs", "mountPath": layout.mgpu_dir(k8s.workdir)}]
         pod["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": k8s.volume_claim}}]
     job = {"completionMode": "Indexed", "completions": k8s.workers, "parallelism": k8s.workers,
            "backoffLimit": 0,  # one failed pod fails the group at once (fail fast)

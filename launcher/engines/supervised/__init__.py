@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from pathlib import Path
 from typing import Callable
 
-from launcher.engines.base import Engine, EngineKind, Result, Sink, TaskCheck, parallel
-from launcher.engines.supervised.transport import Handle, LocalTransport, Transport
+from launcher.engines.base import Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink, TaskCheck, parallel
+from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnreadable, Transport
 from launcher.plan import TaskPlan, mask_env, plan_tasks
+from worker.host import layout
 
 
 def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
@@ -30,11 +32,13 @@ def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
     return out
 
 
-class SupervisedEngine(Engine):
+class SupervisedEngine(Engine, Launching, Inspecting):
+    """Launches (our supervisor per task) and inspects (each task's folder on its host)."""
+
     kind = EngineKind.SUPERVISED
 
-    def __init__(self, spec, run_id: str, only: list[int] | None = None):
-        super().__init__(spec, run_id, only)
+    def __init__(self, spec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
+        super().__init__(spec, run_id, only, landed)
         self.transports = dict(zip((p.index for p in self.plans), transports_for(spec, self.plans)))
         self.handles: dict[int, Handle] = {}
 
@@ -65,6 +69,8 @@ class SupervisedEngine(Engine):
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
         def one(plan: TaskPlan) -> None:
+            found = self.landed.found_env(plan.index) if self.landed is not None else {}
+            plan = dataclasses.replace(plan, env={**found, **plan.env})  # the spec's own value wins
             # kept at once: a stop (Ctrl-C) that comes while other tasks still start must find it
             self.handles[plan.index] = self.transports[plan.index].start(plan, attempt, sink)
 
@@ -98,21 +104,15 @@ class SupervisedEngine(Engine):
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         return self.transports[index].call(self.plan[index], argv, timeout)
 
-    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[str, int]:
-        path = f"{self.plan[index].run_dir}/worker.log"
-        argv = ["sh", "-c", 'stat -c %s "$1" && tail -n "$2" "$1"', "sh", path, str(tail)] if tail is not None else \
-            ["tail", "-c", f"+{offset + 1}", path]
-        code, text, err = self.call(index, argv, 30)
-        if code != 0:
-            plan = self.plan[index]
+    def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[bytes, int]:
+        plan = self.plan[index]
+        try:
+            return self.transports[index].read_log(plan, offset, tail)
+        except LogUnreadable as exc:
             where = plan.cwd or (os.getcwd() if plan.host.is_local else "the login folder")
-            raise RuntimeError(f"{self.plan[index].label}: cannot read {path} (relative to {where}): "
-                               f"{(err.strip().splitlines() or ['no such file'])[-1]}; the task may not have "
-                               "started yet, or its folder was removed")
-        if tail is not None:
-            size, _, text = text.partition("\n")
-            return text, int(size.strip() or 0)
-        return text, offset + len(text.encode())
+            raise LogUnreadable(f"{plan.label}: cannot read {layout.file(plan.run_dir, layout.WORKER_LOG)} (relative "
+                                f"to {where}): {exc}; the task may not have started yet, or its folder was "
+                                "removed") from None
 
     def reachable(self, indices: list[int]) -> list[Result[float]]:
         return parallel(lambda i: self.transports[i].connect(), indices)

@@ -23,7 +23,9 @@ from launcher.spec import Host, Launch
 from launcher.engines.supervised.sshconn import HostUnreachable, close_quietly, lines, open_connection
 from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.sftp import sync_over_sftp
-from launcher.engines.supervised.transport import Handle, Sink, Transport, env_line, pump
+from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, Transport, env_line, pump
+from worker.host import layout
+from worker.host.files import READ_MAX_BYTES
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -150,6 +152,11 @@ class SSHTransport(Transport):
     # ---- short commands
     def run(self, command: str, timeout: float = CALL_TIMEOUT_S) -> tuple[int, str, str]:
         """Run a shell line on the host: (exit code, stdout, stderr), within `timeout` seconds."""
+        code, out, err = self.run_bytes(command, timeout)
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def run_bytes(self, command: str, timeout: float = CALL_TIMEOUT_S) -> tuple[int, bytes, bytes]:
+        """As run(), its output as the bytes the command wrote."""
         deadline = time.monotonic() + timeout
         ch = self._exec(command, timeout)
         out, err = bytearray(), bytearray()
@@ -175,7 +182,7 @@ class SSHTransport(Transport):
             raise HostUnreachable(f"{self.where}: SSH command failed: {exc}") from None
         finally:
             close_quietly(ch)
-        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        return code, bytes(out), bytes(err)
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         return self.run(shell_command(argv, plan.cwd), timeout)
@@ -273,6 +280,18 @@ class SSHTransport(Transport):
         except (IndexError, ValueError):
             raise HostUnreachable(f"{self.where}: worker.task.probe failed: "
                                   f"{(err.strip().splitlines() or ['no report'])[-1]}") from None
+
+    def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
+        path = layout.file(plan.run_dir, layout.WORKER_LOG)
+        argv = ["sh", "-c", 'stat -c %s "$1" && tail -n "$2" "$1"', "sh", path, str(tail)] if tail is not None else \
+            ["sh", "-c", 'test -r "$1" || { ls "$1" >/dev/null; exit 1; }; tail -c "+$2" "$1" | head -c "$3"', "sh", path, str(offset + 1), str(READ_MAX_BYTES)]
+        code, out, err = self.run_bytes(shell_command(argv, plan.cwd), CALL_TIMEOUT_S)
+        if code != 0:
+            raise LogUnreadable((err.decode("utf-8", "replace").strip().splitlines() or ["no such file"])[-1])
+        if tail is None:
+            return out, offset + len(out)
+        size, _, data = out.partition(b"\n")
+        return data, int(size.strip() or 0)
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
         return self._probe_call(plans, [], CALL_TIMEOUT_S)

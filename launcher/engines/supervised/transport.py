@@ -11,11 +11,14 @@ import os
 import signal
 import subprocess
 import threading
+from pathlib import Path
 from typing import Iterable
 
 from launcher.engines.base import Sink, parallel, pump
 from launcher.plan import TaskPlan
-from worker.task.spawn import OWN_GROUP
+from worker.host import layout
+from worker.host.files import read_log
+from worker.host.spawn import OWN_GROUP
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -23,6 +26,10 @@ MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 def env_line(plan: TaskPlan) -> bytes:
     """The task's environment for the supervisor's --env-stdin: never on a command line."""
     return (json.dumps(plan.env) + "\n").encode()
+
+
+class LogUnreadable(OSError):
+    """A task's worker.log could not be read on its host (the reason, in the host's words)."""
 
 
 class Handle:
@@ -47,6 +54,10 @@ class Transport:
 
     def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """Run a short command in the task's folder on its host: (exit code, stdout, stderr)."""
+        raise NotImplementedError
+
+    def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
+        """The task's worker.log from byte `offset` (or its last `tail` lines), as bytes; LogUnreadable."""
         raise NotImplementedError
 
     def connect(self) -> float:
@@ -141,6 +152,12 @@ class LocalTransport(Transport):
 
         threading.Thread(target=run, daemon=True).start()
         return LocalHandle(proc)
+
+    def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
+        try:
+            return read_log(Path(layout.file(_abs(plan), layout.WORKER_LOG)), offset, tail)
+        except OSError as exc:
+            raise LogUnreadable(exc.strerror or str(exc)) from None
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
         from worker.task.probe import probe_many

@@ -1,6 +1,6 @@
 """The one builder of a task's environment and TF_CONFIG, for every engine (pure; standard library).
 
-The launcher builds it for supervised tasks (launcher.tfconfig); a Slurm task or a Kubernetes pod
+The launcher builds it for supervised tasks (launcher.plan); a Slurm task or a Kubernetes pod
 builds it on its node when it starts, from what the scheduler tells it, with the same functions.
 """
 
