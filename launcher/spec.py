@@ -7,9 +7,12 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.specbase import (LOCAL_ADDRESSES, Entrypoint, Port, PositiveFloat, PositiveInt, _Model,
-                               _no_control, env_names, nul_at)
+from launcher.specbase import (DEVICES_MAX, LOCAL_ADDRESSES, WEEK_S, Count, CpuIndex, Devices, Entrypoint, GpuIndex,
+                               Port, Restarts, Seconds, _Model, _no_control, env_names, nul_at)
 from launcher.specsched import K8S_NOT_LAUNCH, Kubernetes, Slurm, scheduler_problems
+
+LEARNING_RATE_MAX = 1000.0  # far above any rate that trains; scaled by the replicas it stays a finite float32
+PREEMPT_GRACE_MAX = 65535  # Slurm's --signal=USR1@<seconds> takes at most 65535
 
 
 class HostOptions(_Model):
@@ -21,18 +24,19 @@ class HostOptions(_Model):
     identity_file: Optional[str] = None
     python: Optional[str] = None
     workdir: Optional[str] = None
-    gpus: Union[Literal["all", "none"], list[Annotated[int, Field(ge=0)]], None] = None
+    gpus: Union[Literal["all", "none"], list[GpuIndex], None] = None
 
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpus(cls, value):
         ok = value is None or value in ("all", "none") or (
-            isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+            isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < DEVICES_MAX
+                                            for i in value)
         )
         if not ok:
-            raise ValueError('must be "all", "none" or a list of GPU indices like [0, 1]')
+            raise ValueError(f'must be "all", "none" or a list of GPU indices like [0, 1] (each 0..{DEVICES_MAX - 1})')
         return value
-    cpus: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    cpus: Optional[list[CpuIndex]] = None
     env: Optional[dict[str, str]] = None
 
     _env = field_validator("env")(classmethod(lambda cls, env: env_names(env)))
@@ -84,17 +88,17 @@ class Training(_Model):
     entrypoint: Optional[str] = None
     command: Optional[list[str]] = Field(default=None, min_length=1)
     # None: the entrypoint's own default
-    epochs: Optional[PositiveInt] = None
-    steps_per_epoch: Optional[PositiveInt] = None
-    batch_size_per_replica: Optional[PositiveInt] = None
-    learning_rate: Optional[PositiveFloat] = None
+    epochs: Optional[Count] = None
+    steps_per_epoch: Optional[Count] = None
+    batch_size_per_replica: Optional[Count] = None
+    learning_rate: Optional[Annotated[float, Field(gt=0, le=LEARNING_RATE_MAX, allow_inf_nan=False)]] = None
     scale_learning_rate: Optional[bool] = None
     checkpoint_dir: Optional[str] = None
-    checkpoint_every_steps: Optional[PositiveInt] = None
+    checkpoint_every_steps: Optional[Count] = None
     tensorboard: Optional[str] = None
     mixed_precision: bool = False
     # replicas per worker: on a CPU host, logical CPU devices (None: one; GPU hosts: one per visible GPU)
-    local_replicas: Optional[PositiveInt] = None
+    local_replicas: Optional[Annotated[Devices, Field(ge=1)]] = None
     collective: Annotated[Collective, Field(strict=False)] = Collective.AUTO  # all-reduce between workers
 
     @field_validator("entrypoint")
@@ -115,15 +119,16 @@ class Training(_Model):
 
 
 class Launch(_Model):
-    max_restarts: Annotated[int, Field(ge=0)] = 0
-    connect_timeout: PositiveFloat = 10.0
-    start_timeout: PositiveFloat = 120.0
-    heartbeat_timeout: PositiveFloat = 300.0
-    stop_grace: Annotated[float, Field(ge=0)] = 1.0
+    max_restarts: Restarts = 0
+    connect_timeout: Seconds = 10.0
+    start_timeout: Seconds = 120.0
+    heartbeat_timeout: Seconds = 300.0
+    stop_grace: Annotated[float, Field(ge=0, le=WEEK_S, allow_inf_nan=False)] = 1.0
     accept_new_host_keys: bool = False
-    preempt_grace: PositiveFloat = 60.0  # notice (SIGTERM) to KILL: time for the group's checkpoint
-    max_preemptions: Annotated[int, Field(ge=0)] = 100  # restarts after preemption; not max_restarts
-    min_hosts: Optional[PositiveInt] = None  # elastic: go on with this many hosts when others are lost
+    # notice (SIGTERM) to KILL: time for the group's checkpoint
+    preempt_grace: Annotated[Seconds, Field(le=PREEMPT_GRACE_MAX)] = 60.0
+    max_preemptions: Restarts = 100  # restarts after preemption; not max_restarts
+    min_hosts: Optional[Count] = None  # elastic: go on with this many hosts when others are lost
 
     @property
     def lifeline(self) -> float:

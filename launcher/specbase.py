@@ -9,9 +9,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1"})
 
+# Every number of the spec is finite and bounded by what its consumer takes (no inf, nan or 301-digit value
+# reaches a process, a script or a manifest); the bounds are named here, once.
+WEEK_S = 7 * 24 * 3600  # timeouts and graces: far below threading.TIMEOUT_MAX and Kubernetes' int32 seconds
+INT32_MAX = 2**31 - 1  # epochs, steps, batch sizes: TensorFlow's int32 (epochs x steps fits its int64 step count)
+RESTARTS_MAX = 10_000  # restarts (or preemptions) of one run
+DEVICES_MAX = 1024  # GPUs or replicas of one worker, far above any machine
+CPUS_MAX = 8192  # Linux's largest NR_CPUS: a CPU index beyond it overflows sched_setaffinity
+
 Port = Annotated[int, Field(ge=1, le=65535)]
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0, le=WEEK_S, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
+Restarts = Annotated[int, Field(ge=0, le=RESTARTS_MAX)]
+Devices = Annotated[int, Field(ge=0, le=DEVICES_MAX)]
+GpuIndex = Annotated[int, Field(ge=0, lt=DEVICES_MAX)]
+CpuIndex = Annotated[int, Field(ge=0, lt=CPUS_MAX)]
 EnvName = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Entrypoint = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

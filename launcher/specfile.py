@@ -49,6 +49,8 @@ def _message(err: dict) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         msg = "required key is missing"
+    elif err["type"] == "finite_number":
+        msg = f"{err['input']} is not a finite number"
     return f"{_where(loc)}: {msg}" if loc else msg
 
 

@@ -8,11 +8,13 @@ from typing import Annotated, Optional
 
 from pydantic import Field, field_validator
 
-from launcher.specbase import EnvName, Port, PositiveInt, _Model, _no_control, env_names  # noqa: F401
+from launcher.specbase import EnvName, Devices, Port, _Model, _no_control, env_names  # noqa: F401
 
 # Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; or no limit
-SlurmTime = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|INFINITE|UNLIMITED)$")
+SlurmTime = re.compile(r"^(\d{1,9}(:\d{1,2}){0,2}|\d{1,9}-\d{1,2}(:\d{1,2}){0,2}|INFINITE|UNLIMITED)$")
+SLURM_TIME_MAX_S = 365 * 24 * 3600  # a longer job asks for INFINITE
+SLURM_NODES_MAX = 65533  # far above the largest Slurm cluster
 SlurmName = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # sbatch options that [slurm] sets itself (or that mgpu-cluster relies on): refused in `sbatch`
 SBATCH_OWN = {
@@ -28,11 +30,11 @@ SBATCH_OWN = {
 class Slurm(_Model):
     """A Slurm cluster: one task per node, the run's files in `workdir` (seen by every node)."""
 
-    nodes: PositiveInt
+    nodes: Annotated[int, Field(ge=1, le=SLURM_NODES_MAX)]
     workdir: str
     partition: Optional[str] = None  # None: the cluster's default partition
     time: Optional[str] = None  # Slurm's format, e.g. "30", "2:00:00", "1-12:00:00"; None: the partition's default
-    gpus_per_node: Annotated[int, Field(ge=0)] = 0
+    gpus_per_node: Devices = 0
     python: str = "python3"
     port: Optional[Port] = None  # None: 20000 + job id % 10000 (two jobs on one node do not collide)
     sbatch: list[str] = []
@@ -65,9 +67,10 @@ class Slurm(_Model):
     @field_validator("time")
     @classmethod
     def _time(cls, value):
-        if value is not None and not SlurmTime.match(value):
+        if value is not None and not (SlurmTime.match(value) and slurm_seconds(value) <= SLURM_TIME_MAX_S):
             raise ValueError(f"{value!r} is not a Slurm time limit: use minutes (\"30\"), \"hours:minutes:seconds\" "
-                             "(\"2:00:00\") or \"days-hours:minutes:seconds\" (\"1-12:00:00\")")
+                             "(\"2:00:00\") or \"days-hours:minutes:seconds\" (\"1-12:00:00\"), at most 365 days "
+                             "(or INFINITE)")
         return value
 
     @field_validator("sbatch")
@@ -94,6 +97,11 @@ class Slurm(_Model):
 K8sName = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
 K8sSubdomain = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 K8sQuantity = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          **{f"{p}i": 2.0 ** (10 * i) for i, p in enumerate("KMGTPE", 1)}}
+# far above any node, well within the 64 bits in which Kubernetes keeps a quantity (cpu in thousandths of a core;
+# it caps a larger one without a word)
+QUANTITY_MAX = {"cpu": (10**6, "1000000 cores"), "memory": (2**60, "1Ei bytes")}
 # set by Kubernetes (the Job's index) or by the pod entry from it: a value in [kubernetes].env would stand
 K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID",
                "MGPU_NUM_WORKERS")
@@ -110,7 +118,7 @@ class Kubernetes(_Model):
     workers: Annotated[int, Field(ge=1, le=100000)]  # an Indexed Job's completions are at most 100000
     namespace: str = "default"
     port: Port = 20000
-    gpus_per_worker: Annotated[int, Field(ge=0)] = 0  # the nvidia.com/gpu limit of each pod
+    gpus_per_worker: Devices = 0  # the nvidia.com/gpu limit of each pod
     python: str = "python3"
     workdir: str = "/workspace"  # the container's working folder; run files in <workdir>/.mgpu/runs/<run-id>/
     env: Optional[dict[str, str]] = None
@@ -135,9 +143,14 @@ class Kubernetes(_Model):
 
     @field_validator("cpu", "memory")
     @classmethod
-    def _quantity(cls, value):
-        if value is not None and not K8sQuantity.match(value):
+    def _quantity(cls, value, info):
+        if value is None:
+            return value
+        if not K8sQuantity.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes quantity such as \"4\", \"500m\" or \"16Gi\"")
+        limit, words = QUANTITY_MAX[info.field_name]
+        if quantity(value) > limit:
+            raise ValueError(f"{value!r} is more than any pod gets: at most {words}")
         return value
 
     @field_validator("image", "python", "workdir")
@@ -155,6 +168,28 @@ class Kubernetes(_Model):
         for name in sorted(set(env or {}) & set(K8S_OWN_ENV)):
             raise ValueError(f"{name}: set in each pod by Kubernetes or by mgpu-cluster from its index; leave it out")
         return env_names(env)
+
+
+def slurm_seconds(value: str) -> int:
+    """The seconds of a time limit that SlurmTime matched (INFINITE and UNLIMITED: 0, no limit)."""
+    if value in ("INFINITE", "UNLIMITED"):
+        return 0
+    days, _, clock = value.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        parts = [int(days) * 24 + parts[0], *parts[1:], 0, 0]  # days-hours[:minutes[:seconds]]
+    elif len(parts) < 3:
+        parts = [0, *parts, 0]  # minutes[:seconds]
+    hours, minutes, seconds = parts[:3]
+    return (hours * 60 + minutes) * 60 + seconds
+
+
+def quantity(text: str) -> float:
+    """The value of a quantity that K8sQuantity matched (inf where a float cannot hold it)."""
+    number, suffix = K8sQuantity.match(text).group(1, 3)
+    if suffix in _SCALE:
+        return float(number) * _SCALE[suffix]
+    return float(number + (suffix or ""))  # no suffix, or a decimal exponent: 1e3
 
 
 def scheduler_problems(sched: Slurm | Kubernetes, local_replicas: int | None, checkpoint_dir: str | None,
