@@ -178,6 +178,13 @@ def main() -> None:
     except KeyboardInterrupt:
         code = 130
         _error(interrupts.reason())
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        code = 2  # a read or write that no command told in its own words: still one paragraph, no traceback
+        where = exc.filename if isinstance(exc.filename, (str, os.PathLike)) else "a file it needs"
+        _error(f"cannot read or write {where}: {exc.strerror or exc}. Check that path: its permissions, the free "
+               "space there, or a read-only MGPU_HOME.")
     except Exception as exc:  # click's (or typer's own copy of click's) usage errors and aborts
         names = {cls.__name__ for cls in type(exc).__mro__}
         if "ClickException" in names:

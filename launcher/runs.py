@@ -3,6 +3,8 @@
 While a run's launcher lives (its pid, started at its recorded time) its record is fresh and is
 trusted. When the launcher is gone before recording an end, the hosts are asked, and what they say
 is recorded (under the run's lock, which says who writes the record, not whether a launcher lives).
+Reading never needs writing: on a read-only or full MGPU_HOME they show what is known and say what
+could not be recorded.
 """
 
 from __future__ import annotations
@@ -10,32 +12,39 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.run import interrupts, record
+from launcher.run import files, interrupts, record
 from launcher.run.failure import Failure, FailureKind, stop_words
+from launcher.run.logs import never_started, show
 from launcher.run.progress import typed
 from launcher.engines import engine_for
-from launcher.errors import Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
+from launcher.errors import HomeError, Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
 from launcher.run.output import Output
 from launcher.specfile import load_spec
-from launcher.engines.base import EngineKind, Inspecting, parallel
+from launcher.engines.base import EngineKind, Inspecting
 from launcher.run.tables import plain, render
 from worker.host import procs
+from worker.host.system import free_space
 from launcher.run.states import RunState, TaskState
 from worker.protocol import EXIT_PREEMPTED
 
 DOWN_WAIT_S = 60.0
 SETTLE_WAIT_S = 5.0
+LIVE = (TaskState.PENDING, TaskState.RUNNING)
+EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 
 
 def _engine(run: record.RunRecord) -> Inspecting:
     path = record.run_path(run.run_id) / "spec.toml"
     try:
+        files.read_file(path)  # the copy is untrusted bytes too: a regular file, of a bounded size
         spec = load_spec(path, base=Path(run.spec_path).parent)
-    except SpecError as exc:
-        why = str(exc)[:300] if path.exists() else f"{path} is missing"
+    except (SpecError, RunCorrupt, FileNotFoundError) as exc:
+        why = f"{path} is missing" if isinstance(exc, FileNotFoundError) else str(exc)[:300]
         raise RunCorrupt(f"run {run.run_id}: the copy of its spec that the run keeps cannot be used, so its tasks' "
                          f"hosts are unknown ({why}). If its tasks may still run, stop them on their "
                          f"hosts (their folders are under .mgpu/runs/{run.run_id}/); remove {path.parent} when done."
@@ -46,6 +55,14 @@ def _engine(run: record.RunRecord) -> Inspecting:
         raise RunCorrupt(f"run {run.run_id}: its {engine.kind} engine keeps no tasks that mgpu-cluster can read "
                          f"or stop ({engine.not_started_here()})")
     return engine
+
+
+def _probe(run: record.RunRecord) -> list:
+    engine = _engine(run)
+    try:
+        return engine.probe([t.index for t in run.tasks])
+    finally:
+        engine.close()
 
 
 def _task_state(row: dict) -> TaskState:
@@ -59,56 +76,95 @@ def _task_state(row: dict) -> TaskState:
     return {0: TaskState.SUCCEEDED, EXIT_PREEMPTED: TaskState.PREEMPTED}.get(code, TaskState.FAILED)
 
 
-def settle(run: record.RunRecord, probes: list | None = None) -> tuple[record.RunRecord, list | None]:
+def _task_now(recorded: TaskState, row: dict | None) -> TaskState:
+    """A task's state from its record and what its host says now: an end the record took from the task's exit
+    report stands (a preempted task killed at the end of its grace has exit code -9 on its host); the host
+    moves a task not known to have exited, or one it sees running."""
+    if not row:
+        return recorded
+    seen = _task_state(row)
+    return recorded if recorded in EXITED and seen != TaskState.RUNNING else seen
+
+
+@dataclass
+class Seen:
+    """A run as `status` shows it: its record, what its hosts said (None: not asked), and why what they said
+    could not be recorded (a read-only or full MGPU_HOME), if it could not."""
+
+    run: record.RunRecord
+    probes: list | None = None
+    unrecorded: str | None = None
+
+
+def settle(run: record.RunRecord) -> Seen:
     """A run whose launcher is gone without recording the end: ask the hosts, and record what they
-    say (as the run's writer, under its lock). Returns the record and the per-task probe results."""
+    say (as the run's writer, under its lock)."""
     owner = record.Owner.take(run.run_id, timeout=SETTLE_WAIT_S)  # another `status` may be settling it now
     if owner is None:  # someone (a `down`) is acting on it now: their record is the truth
-        return record.load(run.run_id), None
+        return Seen(record.load(run.run_id))
     try:
         run = owner.record
         if run.ended:
-            return run, probes
-        engine = _engine(run)
-        try:
-            probes = engine.probe(list(range(len(run.tasks))))
-        finally:
-            engine.close()
-        alive, in_preflight = False, run.state == RunState.PREFLIGHT
+            return Seen(run)
+        probes = _probe(run)
         for task, res in zip(run.tasks, probes):
-            if not res.ok:
+            if res.ok:
+                task.state = _task_now(task.state, res.value)
+                task.exit_code = task.exit_code if res.value.get("exit_code") is None else res.value["exit_code"]
+            elif task.state not in EXITED:
                 task.state = TaskState.LOST
-                continue
-            task.state = _task_state(res.value)
-            task.exit_code = res.value.get("exit_code")
-            alive |= task.state in (TaskState.RUNNING, TaskState.PENDING)
-        if not alive:
-            if all(t.state == TaskState.SUCCEEDED for t in run.tasks):
-                run.set_state(RunState.SUCCEEDED)
-            elif in_preflight:
-                run.set_state(RunState.LOST, Failure(kind=FailureKind.NOT_STARTED, message=(
-                    f"the launcher of this run (pid {run.agent_pid}) ended during the preflight without recording it "
-                    "(killed, or its machine went down); no task was started.")))
-            else:
-                run.set_state(RunState.LOST, Failure(kind=FailureKind.LOST, message=(
-                    f"the launcher of this run (pid {run.agent_pid}) ended without recording how the run ended "
-                    "(killed, or its machine went down); its tasks were stopped by their supervisors. The task "
-                    "states above are what their hosts say now.")))
-            owner.save()
-        return run, probes
+        if not any(t.state in LIVE for t in run.tasks):
+            _end(run, record.unsaved(run.run_id))
+        if owner.save():
+            return Seen(run, probes)
+        return Seen(run, probes, f"run {run.run_id}: what its hosts say could not be recorded: {_cannot_write(owner)}; "
+                                 "shown here as the record and the hosts say it now. Make MGPU_HOME writable (or free "
+                                 f"space there), then 'mgpu-cluster status {run.run_id}' records it.")
     finally:
         owner.release()
+
+
+def _cannot_write(owner: record.Owner) -> str:
+    path = record.run_path(owner.record.run_id) / record.STATE
+    return f"cannot write {path}: {owner.error.strerror or owner.error} ({free_space(path)} there)"
+
+
+def _end(run: record.RunRecord, note: dict | None) -> None:
+    """The end of a run none of whose tasks runs any more, as its hosts say; when its launcher could not write
+    its record, what it noted in the room kept for that (record.UNSAVED) is said with it."""
+    if all(t.state == TaskState.SUCCEEDED for t in run.tasks):
+        return run.set_state(RunState.SUCCEEDED)
+    who = f"the launcher of this run (pid {run.agent_pid})"
+    if note:
+        try:
+            at = time.strftime("%H:%M:%S", time.localtime(note.get("at", "?")))  # a file: any value may be there
+        except (TypeError, ValueError, OverflowError, OSError):
+            at = "?"
+        said = str(note.get("failure") or "")[:2000]
+        return run.set_state(RunState.LOST, Failure(kind=FailureKind.LOST, message=(
+            f"{who} could not record how the run ended: it could not write {record.STATE} "
+            f"({str(note.get('error'))[:200]}). Its last note ({record.UNSAVED}, at {at}) says the run was "
+            f"{str(note.get('state'))[:20]}{': ' + said if said else ''}\nThe task states above are what their hosts "
+            "say now.")))
+    if run.state == RunState.PREFLIGHT:
+        return run.set_state(RunState.LOST, Failure(kind=FailureKind.NOT_STARTED, message=(
+            f"{who} ended during the preflight without recording it (killed, or its machine went down); no task "
+            "was started.")))
+    run.set_state(RunState.LOST, Failure(kind=FailureKind.LOST, message=(
+        f"{who} ended without recording how the run ended (killed, or its machine went down); its tasks were "
+        "stopped by their supervisors. The task states above are what their hosts say now.")))
 
 
 def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     """The run as `status --json` shows it: its record, merged with what each host says when probed."""
     now = time.time()
+    until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
     tasks = []
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
         row = res.value if res is not None and res.ok else {}
         progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
-        state = _task_state(row) if row and not run.ended else t.state
+        state = t.state if run.ended else _task_now(t.state, row)
         code = row.get("exit_code")
         tasks.append({
             "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
@@ -118,7 +174,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
-            "heartbeat_age": round(now - progress["time"], 1) if progress.get("time") else None,
+            "heartbeat_age": round(max(0.0, until - progress["time"]), 1) if progress.get("time") else None,
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
             "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
             "error": str(res.error) if res is not None and not res.ok else None,
@@ -155,16 +211,13 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
         live.start()
     try:
         while True:
-            probes = None
+            seen = Seen(run)
             if not run.ended and not record.launcher_alive(run):
-                run, probes = settle(run)
+                seen = settle(run)
             elif probe or run.engine == EngineKind.SLURM:  # asking Slurm and a shared folder is cheap
-                engine = _engine(run)
-                try:
-                    probes = engine.probe(list(range(len(run.tasks))))
-                finally:
-                    engine.close()
-            snap = snapshot(run, probes)
+                seen = Seen(run, _probe(run))
+            run = seen.run
+            snap = {**snapshot(run, seen.probes), "unrecorded": seen.unrecorded}
             if as_json:
                 print(json.dumps(snap), flush=True)
             elif live is not None:
@@ -173,6 +226,8 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
                 out.show(render(snap, out.console.width))
             else:
                 print(plain(snap), flush=True)
+            if seen.unrecorded:
+                print(f"note: {seen.unrecorded}", file=sys.stderr, flush=True)
             if not watch or RunState(snap["state"]).ended:
                 return
             time.sleep(2.0)
@@ -187,35 +242,10 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
     chosen = [t.index for t in run.tasks if task is None or t.index == task]
     if not chosen:
         raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(run.tasks) - 1}")
+    run = never_started(run, follow)
     engine = _engine(run)
-    out = Output(threaded=False)
-    offsets = {i: 0 for i in chosen}
-    first, last_round = True, False
     try:
-        while True:
-            results = parallel(lambda i, n=tail if first else None: engine.read_log(i, offsets[i], n), chosen)
-            failed = []
-            for i, res in zip(chosen, results):
-                if not res.ok:
-                    failed.append(res.error)
-                    continue
-                text, offsets[i] = res.value
-                lines = text.splitlines()
-                if len(chosen) > 1:
-                    out.task_lines(i, run.tasks[i].host, lines)
-                else:
-                    for line in lines:
-                        print(line)
-            if failed:
-                raise failed[0] if len(failed) == 1 else RunFailed(
-                    "cannot read the logs of some tasks:\n  " + "\n  ".join(map(str, failed)))
-            first = False
-            if not follow or last_round:
-                return
-            run = record.load(run.run_id)
-            # the run ended, or its launcher is gone: one more read for the last lines, then stop
-            last_round = run.ended or not record.launcher_alive(run)
-            time.sleep(0.2 if last_round else 0.5)
+        show(run, engine, chosen, follow, tail)
     finally:
         engine.close()
 
@@ -257,23 +287,28 @@ def _down(run: record.RunRecord) -> None:
         run = owner.record
         engine = _engine(run)
         try:  # make sure from the tasks' folders, also after the launcher's own teardown
-            results = engine.stop_from_folders(list(range(len(run.tasks))))
+            results = engine.stop_from_folders([t.index for t in run.tasks])
         finally:
             engine.close()
-        unreached = [i for i, r in enumerate(results) if not r.ok]
-        problems = [f"{engine.plan[i].label}: {results[i].error}" for i in unreached]
+        unreached = [t.index for t, r in zip(run.tasks, results) if not r.ok]
+        problems = [f"{engine.plan[t.index].label}: {r.error}" for t, r in zip(run.tasks, results) if not r.ok]
         for t in run.tasks:
-            if t.state in (TaskState.PENDING, TaskState.RUNNING):  # one we could not reach may still run
+            if t.state in LIVE:  # one we could not reach may still run
                 t.state = TaskState.LOST if t.index in unreached else TaskState.STOPPED
         if not run.ended:
             words = stop_words([str(t.index) for t in run.tasks if t.index not in unreached],
                                [engine.plan[i].label for i in unreached], engine.spec.launch.lifeline)
             run.set_state(RunState.STOPPED, Failure(kind=FailureKind.STOPPED,
                                                     message=f"stopped by 'mgpu-cluster down'; {words}"))
-        owner.save()
+        unrecorded = None if owner.save() else _cannot_write(owner)  # an ended run's has nothing new to write
     finally:
         owner.release()
     if problems:
         raise RunFailed("some tasks could not be reached to stop them:\n  " + "\n  ".join(problems)
-                        + "\nCheck that their hosts are up, then run 'mgpu-cluster down' again.")
+                        + "\nCheck that their hosts are up, then run 'mgpu-cluster down' again."
+                        + (f"\nNor could this be recorded: {unrecorded}." if unrecorded else ""))
+    if unrecorded:
+        raise HomeError(f"run {run.run_id}: every task is stopped, but that could not be recorded: {unrecorded}. "
+                        f"Make MGPU_HOME writable (or free space there), then run 'mgpu-cluster down {run.run_id}' "
+                        "again to record it.")
     out.say(f"run {run.run_id}: every task is stopped")

@@ -16,6 +16,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from worker.host import procs
+
 TRIES = 3
 TIMEOUT_S = 20.0
 
@@ -103,14 +105,18 @@ def parse(text: str, pid: int) -> Stacks:
     return Stacks(pid=pid, threads=threads)
 
 
-def dump(pid: int, timeout: float = TIMEOUT_S) -> Stacks:
-    """The stacks of `pid` (and of its Python children) now; failures as Stacks.error, never raised."""
+def dump(pid: int, timeout: float = TIMEOUT_S, create_time: float | None = None) -> Stacks:
+    """The stacks of `pid` (and of its Python children) now; failures as Stacks.error, never raised.
+    `create_time`: read it only if it is still the process started then (a pid is reused)."""
     exe = py_spy()
     if exe is None:
         return Stacks(pid, error="py-spy is not installed on this host: pip install py-spy "
                                  "(it comes with mgpu-cluster[tensorflow])")
     if not os.path.exists(f"/proc/{pid}"):
         return Stacks(pid, error=f"no process {pid} on this host")
+    if create_time is not None and procs.same(pid, create_time) is None:
+        return Stacks(pid, error=f"the task's process {pid} has ended (that pid now names another process, started "
+                                 "later; it was not touched)")
     deadline = time.monotonic() + timeout
     for _ in range(TRIES):
         argv = [exe, "dump", "--json", "--subprocesses", "--pid", str(pid)]
@@ -142,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the stacks as one JSON object")
     p.add_argument("--out", default=None, help="also write the text to this file")
     p.add_argument("--timeout", type=float, default=TIMEOUT_S)
+    p.add_argument("--create-time", type=float, default=None, help="only the process started at this time")
     args = p.parse_args(argv)
-    stacks = dump(args.pid, args.timeout)
+    stacks = dump(args.pid, args.timeout, args.create_time)
     if args.out:
         try:
             with open(args.out, "a", encoding="utf-8") as f:

@@ -14,9 +14,11 @@ def stacks(run_id: str | None, task: int | None = None) -> None:
     """Print the stacks of every live task (or of `task`) and a line for each task that is not running;
     RunFailed (exit 1) when none is running, when `task` is not, or naming live tasks with no stacks."""
     from launcher.diagnose.stacks import take
-    from launcher.runs import _engine
+    from launcher.runs import _engine, settle
 
     run = record.load(run_id)
+    if not run.ended and not record.launcher_alive(run):  # its record's `running` is stale: ask the hosts first
+        run = settle(run).run
     if task is not None and task not in {t.index for t in run.tasks}:
         raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(run.tasks) - 1}")
     chosen = [t for t in run.tasks if task is None or t.index == task]
@@ -29,7 +31,7 @@ def stacks(run_id: str | None, task: int | None = None) -> None:
                         "shows the tasks.")
     engine = _engine(run)
     try:
-        found = take(engine, [(t.index, t.host, t.pid) for t in live])
+        found = take(engine, [(t.index, t.host, t.pid, t.create_time) for t in live])
     finally:
         engine.close()
     lines = {ts.index: ts.text() for ts in found}
@@ -49,6 +51,6 @@ def report(run_id: str | None, out: Path | None = None) -> Path:
     run = record.load(run_id)
     folder = record.run_path(run.run_id)
     path = Path(out) if out else folder / "report.png"
-    draw.write(draw.from_files(folder / "state.json", folder / "progress.jsonl"), path, now=time.time())
+    draw.write(draw.from_files(folder / record.STATE, folder / "progress.jsonl"), path, now=time.time())
     print(path, flush=True)
     return path

@@ -6,9 +6,11 @@ restarts, preemptions and lost hosts on the same axis; the phases. matplotlib: t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from launcher.errors import MgpuError
+from launcher.run.files import read_file
 
 OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
                    "stopped": "#7f8c8d", None: "#95a5a6"}
@@ -16,26 +18,42 @@ PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67
                  "teardown": "#7f8c8d"}
 
 
+HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn
+
+
 class ReportError(MgpuError):
     exit_code = 2
 
 
 def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
-    """The run record and its progress history as plain data (lines that are not JSON objects are skipped)."""
-    run = json.loads(Path(state).read_text())
-    history = []
+    """The run record and its progress history as plain data, read as untrusted bytes (launcher.run.files):
+    lines that are not UTF-8 JSON objects of the expected shape are skipped; of a history larger than
+    HISTORY_BYTES, the newest part. A file that cannot be read is RunCorrupt (one paragraph, exit 2)."""
     try:
-        lines = Path(progress).read_text().splitlines()
+        run = json.loads(read_file(Path(state)))
+    except FileNotFoundError:
+        raise ReportError(f"{state} is missing: the run has no record to draw") from None
+    except (ValueError, RecursionError):
+        run = None
+    if not isinstance(run, dict):
+        raise ReportError(f"{state} is not the JSON record mgpu-cluster writes; 'mgpu-cluster status' tells more")
+    try:
+        lines = read_file(Path(progress), limit=HISTORY_BYTES, newest=True).split(b"\n")
     except FileNotFoundError:
         lines = []
+    history = []
     for line in lines:
         try:
-            item = json.loads(line)
-        except ValueError:
+            item = json.loads(line)  # bytes: not UTF-8 is a ValueError too
+        except (ValueError, RecursionError):
             continue
-        if isinstance(item, dict) and isinstance(item.get("progress"), dict) and isinstance(item.get("time"), (int, float)):
+        if isinstance(item, dict) and isinstance(item.get("progress"), dict) and _finite(item.get("time")):
             history.append(item)
     return run, history
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def open_end(run: dict, history: list[dict], now: float | None = None) -> float | None:

@@ -39,12 +39,19 @@ class TaskStacks:
         return self.error is None and self.stacks is not None and self.stacks.ok
 
 
-def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None, timeout: float) -> TaskStacks:
+def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskStacks:
+    """`task`: (index, host, pid, create time), or (index, host, pid) where its live launcher just heard from it."""
+    index, host, pid = task[:3]
     if pid is None:
         return TaskStacks(index, host, pid, None, "its training process is not known (not started?)")
     plan = engine.plan[index]
     # py-spy gets half the time: one that does not answer is told by worker.stacks, not by a cut call
     argv = [plan.python, "-m", "worker.stacks", "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
+    if len(task) > 3:  # only the process started then is read: by now the pid may name another one
+        if task[3] is None:
+            return TaskStacks(index, host, pid, None, "the start time of its training process is not recorded, so "
+                                                      "its pid may name another process now")
+        argv += ["--create-time", repr(task[3])]
     if out:
         argv += ["--out", f"{plan.run_dir}/{out}"]
     try:
@@ -59,19 +66,19 @@ def _one(engine: Engine, index: int, host: str, pid: int | None, out: str | None
     return TaskStacks(index, host, pid, stacks)
 
 
-def take(engine: Engine, tasks: list[tuple[int, str, int | None]], out: str | None = None,
+def take(engine: Engine, tasks: list[tuple], out: str | None = None,
          timeout: float = CALL_TIMEOUT_S) -> list[TaskStacks]:
-    """Stacks of (index, host, pid) tasks, in order, each within `timeout` seconds; `out`: also appended to
-    that file in each task's folder."""
+    """Stacks of (index, host, pid, create time) tasks, in order, each within `timeout` seconds (a task given
+    as (index, host, pid) is read by its pid alone); `out`: also appended to that file in each task's folder."""
     return [r.value if r.ok else TaskStacks(t[0], t[1], t[2], None, str(r.error))
-            for t, r in zip(tasks, parallel(lambda t: _one(engine, *t, out, timeout), tasks))]
+            for t, r in zip(tasks, parallel(lambda t: _one(engine, t, out, timeout), tasks))]
 
 
 def file_name() -> str:
     return time.strftime("stacks-%Y%m%d-%H%M%S.txt")
 
 
-def at_hang(engine: Engine, tasks: list[tuple[int, str, int | None]], hung: int, out) -> list[str]:
+def at_hang(engine: Engine, tasks: list[tuple], hung: int, out) -> list[str]:
     """Before anything is stopped: every task's stacks into launcher.log (out.logline) and into a file in
     each task's folder; says where they went; returns the hung task's innermost frames (innermost last)."""
     name = file_name()

@@ -9,9 +9,10 @@ import re
 import time
 from pathlib import Path
 
-from launcher.errors import HomeError, PreflightError
+from launcher.errors import HomeError, MgpuError, PreflightError
 from launcher.home import mgpu_home
 from launcher.plan import TaskPlan
+from launcher.run.files import read_file
 
 
 class Lock:
@@ -22,7 +23,14 @@ class Lock:
         self.fd: int | None = None
 
     def acquire(self, timeout: float = 0.0) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Held within `timeout` s, else False; OSError when the file cannot be opened at all."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a read-only MGPU_HOME: an flock needs no write, so its readers still take turns
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                raise exc from None
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -72,8 +80,8 @@ def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
 
 def _held_by(plan: TaskPlan, lock: Lock) -> str:
     try:
-        holder, pid = lock.path.read_text().split()
-    except (OSError, ValueError):
+        holder, pid = read_file(lock.path, limit=200).decode().split()
+    except (OSError, ValueError, MgpuError):
         holder, pid = "another run", "?"
     return (f"{plan.label}: port {plan.host.port} on {plan.host.label} is held by run {holder} (launcher pid "
             f"{pid}); stop it with 'mgpu-cluster down {holder}', or choose another port")

@@ -2,6 +2,7 @@
 
 One writer per run: whoever holds the run's lock (its launcher, or `down`/`status` once the
 launcher is gone). Files are readable by their owner only (the spec copy holds the spec's env).
+Every file of a run is read through launcher.run.files: untrusted bytes, a failure is one paragraph.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.home import mgpu_home
 from launcher.plan import TaskPlan
-from launcher.run import fields
+from launcher.run import fields, files
 from launcher.run.failure import Failure
 from launcher.run.lock import Lock
 from launcher.run.states import AttemptOutcome, RunState, TaskState
@@ -27,6 +28,8 @@ from worker.host.system import free_space
 
 VERSION = 3
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
+STATE = "state.json"
+UNSAVED = "unsaved.json"  # room reserved at the start: what the launcher knows when state.json cannot be written
 
 
 @dataclass
@@ -167,7 +170,7 @@ def run_path(run_id: str) -> Path:
 
 
 def latest_id() -> str:
-    ids = sorted(p.name for p in runs_dir().glob("*") if RUN_ID.match(p.name) and (p / "state.json").exists())
+    ids = sorted(p.name for p in runs_dir().glob("*") if RUN_ID.match(p.name) and (p / STATE).exists())
     if not ids:
         raise RunNotFound(f"No runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'.")
     return ids[-1]  # run ids start with their start time
@@ -176,27 +179,28 @@ def latest_id() -> str:
 def load(run_id: str | None = None) -> RunRecord:
     """The run `run_id` (the latest when None); RunCorrupt names the file when it cannot be read."""
     run_id = run_id or latest_id()
-    path = run_path(run_id) / "state.json"
+    path = run_path(run_id) / STATE
     try:
-        text = path.read_bytes().decode("utf-8", "replace")  # a damaged record is told as corrupt, below
+        raw = files.read_file(path)
     except FileNotFoundError:
         raise RunNotFound(f"Run {run_id!r} not found under {runs_dir()}; 'mgpu-cluster status' shows the "
                           "latest run.") from None
-    except OSError as exc:
-        raise RunCorrupt(f"run {run_id}: cannot read {path}: {exc.strerror}.") from None
     try:
-        return RunRecord.from_json(text)
+        return RunRecord.from_json(raw.decode("utf-8"))
     except OldVersion as exc:
         raise RunCorrupt(f"run {run_id}: {path} was written by another version of mgpu-cluster ({exc}). Its "
                          f"tasks' files are still on their hosts; remove {path.parent} when you no longer need "
                          "it. Other runs are not affected.") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, MemoryError) as exc:  # not UTF-8 is a ValueError too
         raise RunCorrupt(f"run {run_id}: {path} is corrupt ({type(exc).__name__}: {str(exc)[:120]}), so its state "
                          f"is unknown. If its tasks may still run, stop them on their hosts (their folders are "
                          f"under .mgpu/runs/{run_id}/); remove {path.parent} when done. Other runs are not "
                          "affected.") from None
 
 
+def unsaved(run_id: str) -> dict | None:
+    """What the run's launcher noted while state.json could not be written (Owner.save), or None."""
+    return files.read_note(run_path(run_id) / UNSAVED)
 
 
 # --------------------------------------------------------------------------- the one writer
@@ -207,13 +211,16 @@ def run_lock(run_id: str) -> Lock:
 
 
 class Owner:
-    """The writer of one run's record: holds its lock and saves it (at most every `every` s)."""
+    """The writer of one run's record: holds its lock and saves it when it changed (at most every `every` s)."""
 
     def __init__(self, record: RunRecord, lock: Lock):
         self.record, self.lock = record, lock
         self.saved_at = 0.0
+        self.written = record.to_json()  # what state.json holds
         self.warn = lambda _text: None  # told once when the record cannot be written (a full disk)
         self.failing: str | None = None
+        self.error: OSError | None = None  # why the last save failed
+        self.notes = False  # the launcher keeps UNSAVED (a `status` or `down` that takes the run over does not)
 
     @classmethod
     def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool) -> "Owner":
@@ -234,7 +241,8 @@ class Owner:
             fd = os.open(folder / "spec.toml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with open(spec_path, "rb") as src, os.fdopen(fd, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            write_private(folder / "state.json", record.to_json())
+            write_private(folder / STATE, record.to_json())
+            files.reserve(folder / UNSAVED)
         except OSError as exc:
             lock.release()
             shutil.rmtree(folder, ignore_errors=True)
@@ -242,39 +250,61 @@ class Owner:
                             "there), so nothing was started. Free space there, or set MGPU_HOME to a folder with room "
                             "(e.g. 'export MGPU_HOME=$HOME/.mgpu'), then run again.") from None
         owner = cls(record, lock)
-        owner.saved_at = time.time()
+        owner.saved_at, owner.notes = time.time(), True
         return owner
 
     @classmethod
     def take(cls, run_id: str, timeout: float) -> "Owner | None":
         """Become the writer of an existing run (its launcher is gone); None if it stays held."""
         lock = run_lock(run_id)
-        if not lock.acquire(timeout):
-            return None
+        try:
+            if not lock.acquire(timeout):
+                return None
+        except OSError as exc:
+            raise HomeError(f"run {run_id}: cannot open its lock {lock.path}: {exc.strerror or exc}, so nothing "
+                            f"could be recorded; check {lock.path.parent} (its permissions, or a read-only MGPU_HOME)."
+                            ) from None
         try:
             return cls(load(run_id), lock)
         except BaseException:
             lock.release()
             raise
 
-    def save(self, every: float = 0.0) -> None:
+    def save(self, every: float = 0.0) -> bool:
+        """Write the record if it changed; False when it could not be (said once through `warn`; meanwhile what
+        the launcher knows goes into the room reserved in UNSAVED, which a full disk still takes)."""
         if every and time.time() - self.saved_at < every:
-            return
-        path = run_path(self.record.run_id) / "state.json"
+            return self.error is None
+        text, path = self.record.to_json(), run_path(self.record.run_id) / STATE
+        if text == self.written and self.failing is None:
+            return True  # nothing to write (`down` of an ended run): a read-only MGPU_HOME is no failure
         try:
-            write_private(path, self.record.to_json())
+            write_private(path, text)
         except OSError as exc:  # the run goes on; its record catches up when the disk has room again
-            self.saved_at = time.time()  # tried again after `every`, not on each event
+            self.saved_at, self.error = time.time(), exc  # tried again after `every`, not on each event
+            self._note(exc)
             if self.failing is None:
                 self.failing = (f"cannot write the run record {path}: {exc.strerror or exc} ({free_space(path)} "
                                 f"there). The run goes on; 'mgpu-cluster status' shows the last record written "
                                 f"until there is room again: free space under {path.parent.parent} (MGPU_HOME).")
                 self.warn(self.failing)
-            return
+            return False
+        self.written, self.saved_at, self.error = text, time.time(), None
         if self.failing is not None:
             self.failing = None
+            self._note(None)
             self.warn(f"the run record {path} is written again")
-        self.saved_at = time.time()
+        return True
+
+    def _note(self, exc: OSError | None) -> None:
+        """What the launcher knows, kept in UNSAVED while state.json cannot be written (blank again once it can)."""
+        run, failure = self.record, self.record.failure
+        if not self.notes:
+            return
+        note = None if exc is None else {
+            "error": exc.strerror or str(exc), "at": time.time(), "state": str(run.state), "ended_at": run.ended_at,
+            **({"kind": str(failure.kind), "task": failure.task, "failure": failure.message} if failure else {})}
+        files.write_note(run_path(run.run_id) / UNSAVED, note)
 
     def release(self) -> None:
         self.lock.release()
