@@ -1,63 +1,46 @@
-"""The agent: start every task, watch exits and heartbeats, fail fast, and decide restarts,
-preemptions and shrinking, for every engine (the one restart policy).
+"""The agent: the one restart policy, for every engine. Each attempt starts every task, follows its
+events until it succeeds, fails, is preempted or loses a host; then the run succeeds, restarts, shrinks
+or fails, and whatever ends it, its live tasks are torn down.
 
 It reads only typed events (worker.protocol) from its engine; output lines go straight to the
-display and never through this loop, so a flood or a stalled terminal cannot delay fail-fast.
+display and never through this loop, so a flood or a stalled terminal cannot delay fail-fast. What an
+event means is watch.py's; one attempt's live state is attempt.py's; stopping it is teardown.py's.
 """
 
 from __future__ import annotations
 
-import collections
+import json
+import os
 import queue
 import time
 
+from launcher.diagnose.stacks import at_hang
 from launcher.engines import Engine, engine_for
 from launcher.engines.base import SchedulerCause
 from launcher.errors import Interrupted, RunFailed
-from launcher.run import interrupts
-from launcher.run.failure import Failure, FailureKind, stop_words
+from launcher.run import interrupts, teardown, watch
+from launcher.run.attempt import AttemptSink, LiveAttempt
+from launcher.run.failure import Failure, FailureKind, stop_words, with_stacks
 from launcher.run.output import Output
 from launcher.run.record import Attempt, Owner, run_path
-from launcher.run.watch import TAIL_LINES, Watch
+from launcher.run.states import AttemptOutcome as Outcome
+from launcher.run.states import RunState, TaskState
 from launcher.spec import ClusterSpec
 from worker import protocol
-from worker.protocol import AttemptOutcome as Outcome
-from worker.protocol import RunState, TaskState
 
-TEARDOWN_SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 SAVE_EVERY_S = 1.0
 TICK_S = 0.5  # the agent wakes for events at once; this only paces its own checks (timeouts, grace)
+PROGRESS_LOG = "progress.jsonl"  # in the run's record folder: every progress record, for `report`
 
 
-class _AttemptSink:
-    """What one attempt's tasks report; late reports of an earlier attempt are told apart."""
+class Agent:
+    """Runs a spec's attempts on an engine that takes the Launching role (start, stop, verdict,
+    reachable, on_job); a teardown past its deadline stops from folders through its Inspecting role."""
 
-    def __init__(self, agent: "Agent", attempt: int):
-        self.agent, self.attempt = agent, attempt
-
-    def event(self, index: int, event: protocol.Event) -> None:
-        self.agent.events.put((self.attempt, index, event))
-
-    def output(self, index: int, lines: list[str], dropped: int) -> None:
-        self.agent.tails[index].extend(lines)
-        self.agent.out.task_lines(index, self.agent.run.tasks[index].host, lines, dropped)
-
-    def garbage(self, index: int, text: str) -> None:
-        self.agent.out.logline(f"task {index}: a line from its supervisor that is not a record (ignored): {text}")
-        self.output(index, [text], 0)
-
-
-class Agent(Watch):
     def __init__(self, spec: ClusterSpec, engine: Engine, owner: Owner, out: Output):
         self.spec, self.engine, self.owner, self.out = spec, engine, owner, out
-        self.plans = engine.plans
         self.run = owner.record
-        self.plan_of = {p.index: p for p in self.plans}
-        self.live: set[int] = set()  # tasks started in this attempt whose exit is not known yet
-        self.preempted_at: float | None = None
-        self.tails = {p.index: collections.deque(maxlen=TAIL_LINES) for p in self.plans}
-        self.events: queue.Queue = queue.Queue()
-        self.heard: dict[int, float] = {}  # when each task of this attempt last sent any record
+        self.current: LiveAttempt | None = None  # the attempt that a Ctrl-C or an exit tears down
         owner.warn = out.say
         engine.on_job = self.job_known
 
@@ -66,36 +49,11 @@ class Agent(Watch):
         self.run.job = job
         self.owner.save()
 
-    # -- the policy: attempt -> (succeeded | preempted | restart | shrink | failed), teardown always
+    # -- the policy: attempt -> (succeeded | preempted | shrink | restart | failed), teardown always
     def execute(self) -> None:
-        run, launch = self.run, self.spec.launch
+        run = self.run
         try:
-            while True:
-                outcome, failure, reason = self.attempt(run.attempt)
-                final = failure is not None and failure.kind == FailureKind.SCHEDULER  # no restart would come
-                if outcome == Outcome.SUCCEEDED:
-                    run.set_state(RunState.SUCCEEDED)
-                    return
-                if outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
-                    run.preemptions += 1
-                    self.out.say(f"attempt {run.attempt} was preempted: {reason}")
-                    self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
-                                    "against max_restarts); it resumes from its last checkpoint")
-                elif outcome == Outcome.FAILED and not final and self.shrink():
-                    self.out.say(f"attempt {run.attempt} lost a host: {reason}")
-                    self.restarting(f"going on with {len(self.plans)} task(s) ({', '.join(map(self.label, self.plan_of))});"
-                                    " they resume from the last checkpoint with a new TF_CONFIG")
-                elif outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
-                    run.restarts += 1
-                    self.out.say(f"attempt {run.attempt} failed: {reason}")
-                    self.restarting(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
-                                    "after that failure; it resumes from its last checkpoint")
-                else:
-                    if outcome == Outcome.PREEMPTED:
-                        failure = Failure(kind=FailureKind.SCHEDULER, message=(
-                            f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"))
-                    run.set_state(RunState.FAILED, failure)
-                    raise RunFailed(failure.message)
+            while not self.next_after(self.attempt(run.attempt)):
                 run.attempt += 1
         except KeyboardInterrupt:
             why = interrupts.reason()
@@ -105,13 +63,42 @@ class Agent(Watch):
                 unreached = self.teardown(why)
                 stopped = Failure(kind=FailureKind.STOPPED, message=f"{why}; {self.stop_words(unreached)}")
                 run.set_state(RunState.STOPPED, stopped)
-                self.end_attempt(Outcome.STOPPED, why, stopped)
+                if run.attempts:
+                    self.end_attempt(Outcome.STOPPED, why, stopped)
             raise Interrupted(stopped.message) from None
         finally:
             with interrupts.shield(self.out.say):
-                if self.live:
-                    self.teardown("the launcher is exiting")
+                self.teardown("the launcher is exiting")
                 self.owner.save()
+
+    def next_after(self, ended: Attempt) -> bool:
+        """After an attempt: True when the run succeeded; False when another attempt follows; RunFailed else."""
+        run, launch, reason = self.run, self.spec.launch, ended.reason
+        final = ended.failure is not None and ended.failure.kind == FailureKind.SCHEDULER  # no restart would come
+        if ended.outcome == Outcome.SUCCEEDED:
+            run.set_state(RunState.SUCCEEDED)
+            return True
+        if ended.outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
+            run.preemptions += 1
+            self.out.say(f"attempt {ended.number} was preempted: {reason}")
+            self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
+                            "against max_restarts); it resumes from its last checkpoint")
+        elif ended.outcome == Outcome.FAILED and not final and self.shrink(ended):
+            self.out.say(f"attempt {ended.number} lost a host: {reason}")
+            left = ", ".join(watch.label(run, p.index) for p in self.engine.plans)
+            self.restarting(f"going on with {len(self.engine.plans)} task(s) ({left}); they resume from the "
+                            "last checkpoint with a new TF_CONFIG")
+        elif ended.outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
+            run.restarts += 1
+            self.out.say(f"attempt {ended.number} failed: {reason}")
+            self.restarting(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
+                            "after that failure; it resumes from its last checkpoint")
+        else:
+            failure = ended.failure or Failure(kind=FailureKind.SCHEDULER, message=(
+                f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"))
+            run.set_state(RunState.FAILED, failure)
+            raise RunFailed(failure.message)
+        return False
 
     def restarting(self, words: str) -> None:
         """Say that the group goes on, unless a Ctrl-C or `down` came while the attempt was torn down."""
@@ -119,158 +106,158 @@ class Agent(Watch):
         self.out.say(words)
 
     def stop_words(self, unreached: list[int]) -> str:
-        return stop_words([str(i) for i in self.plan_of if i not in unreached], list(map(self.label, unreached)),
-                          self.spec.launch.lifeline)
+        stopped = [str(p.index) for p in self.engine.plans if p.index not in unreached]
+        return stop_words(stopped, [watch.label(self.run, i) for i in unreached], self.spec.launch.lifeline)
 
-    def shrink(self) -> bool:
+    def shrink(self, ended: Attempt) -> bool:
         """Elastic runs (min_hosts): leave out the hosts that no longer answer, if enough remain."""
         min_hosts = self.spec.launch.min_hosts
         if min_hosts is None:
             return False
-        indices = [p.index for p in self.plans]
-        answers = self.engine.reachable(indices)
-        gone = [i for i, a in zip(indices, answers) if not a.ok]
-        left = [i for i in indices if i not in gone]
+        indices = [p.index for p in self.engine.plans]
+        answers = dict(zip(indices, self.engine.reachable(indices)))
+        gone = [i for i in indices if not answers[i].ok]
+        left = [i for i in indices if answers[i].ok]
         if not gone or len(left) < min_hosts:
             return False
         for i in gone:
-            self.run.tasks[i].state = TaskState.LOST
+            self.run.task(i).state = TaskState.LOST
             self.run.hosts_lost.append(i)
-            self.out.say(f"{self.label(i)} is left out: {answers[indices.index(i)].error}")
-        if self.run.attempts:
-            self.run.attempts[-1].outcome = Outcome.SHRUNK
+            self.out.say(f"{watch.label(self.run, i)} is left out: {answers[i].error}")
+        ended.outcome = Outcome.SHRUNK
         self.engine.close()
-        self.engine = engine_for(self.spec, self.run.run_id, only=left)
+        self.engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
         self.engine.on_job = self.job_known
-        self.plans = self.engine.plans
-        self.plan_of = {p.index: p for p in self.plans}
         return True
 
-    def attempt(self, number: int) -> tuple[Outcome, Failure | None, str | None]:
-        """Run one attempt of the group: its outcome, its failure (None unless it failed), and why."""
+    # -- one attempt
+    def attempt(self, number: int) -> Attempt:
+        """Run attempt `number` of the group to its end; its record (outcome, reason, failure)."""
         run = self.run
         run.set_state(RunState.STARTING)
-        active = [run.tasks[p.index] for p in self.plans]
-        run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=[p.index for p in self.plans]))
-        for t in active:
+        tasks = [p.index for p in self.engine.plans]
+        run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
+        for i in tasks:
+            t = run.task(i)
             t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
             t.proc_status, t.restarts = None, number
-        self.events, self.heard, self.preempted_at = queue.Queue(), {}, None
         run.phases.setdefault("spawn_started", time.time())
         self.owner.save()
-        self.live = {p.index for p in self.plans}
-        not_started = self.engine.start(number, _AttemptSink(self, number))
-        spawn_at = time.time()  # a scheduler's start() returns once its job left the queue
+        live = self.current = LiveAttempt(number, tasks)
+        not_started = self.engine.start(number, AttemptSink(live, run, self.out))
+        live.spawned_at = time.monotonic()  # a scheduler's start() returns once its job left the queue
         failure = None
         for i, why in sorted(not_started.items()):  # every host's outcome: one must not hide another
-            self.live.discard(i)
-            run.tasks[i].state = TaskState.FAILED
-            failure = failure or self.task_failure(i, FailureKind.NOT_STARTED, f"could not be started: {why}")
+            live.give_up(i)
+            run.task(i).state = TaskState.FAILED
+            failure = failure or watch.task_failure(run, live, i, FailureKind.NOT_STARTED, f"could not be started: {why}")
         self.owner.save()
-        while failure is None:
-            try:
-                got = self.events.get(timeout=TICK_S)
-            except queue.Empty:
-                got = None
-            if got is not None and got[0] == number:
-                failure = self.on_event(got[1], got[2])
-            if self.preempted_at is not None:
-                if not self.live or time.time() - self.preempted_at > self.spec.launch.preempt_grace:
-                    break
-                continue
-            failure = failure or self.check_timeouts(spawn_at)
-            if failure is None and all(t.state == TaskState.SUCCEEDED for t in active):
-                self.mark_phase("end")
-                self.end_attempt(Outcome.SUCCEEDED, None)
-                return Outcome.SUCCEEDED, None, None
-            self.owner.save(every=SAVE_EVERY_S)
-        return self.conclude(number, failure)
+        failure = failure or self.follow(live)
+        if failure is None and live.preempted_at is None:
+            run.phases.setdefault("end", time.time())
+            return self.end_attempt(Outcome.SUCCEEDED, None)
+        return self.conclude(live, failure)
 
-    def conclude(self, number: int, failure: Failure | None) -> tuple[Outcome, Failure | None, str]:
+    def follow(self, live: LiveAttempt) -> Failure | None:
+        """The attempt's events until it ends: its failure, or None (every task succeeded, or a preemption's
+        grace is over). The run is running once every task has started: any end counts as a start."""
+        launch = self.spec.launch
+        while True:
+            try:
+                index, ev = live.events.get(timeout=TICK_S)
+            except queue.Empty:
+                pass
+            else:
+                failure = self.on_event(live, index, ev)
+                if failure is not None:
+                    return failure
+            if live.preempted_at is not None:
+                if not live.live or time.monotonic() - live.preempted_at > launch.preempt_grace:
+                    return None
+                continue
+            failure = watch.overdue(self.run, live, launch)
+            if failure is not None:
+                return self.hang_stacks(live, failure)
+            if self.run.state == RunState.STARTING and live.all_started:
+                self.run.set_state(RunState.RUNNING)
+                self.run.phases.setdefault("all_started", time.time())
+                self.owner.save()
+            if not live.live:  # all ended, none failed or was preempted
+                return None
+            self.owner.save(every=SAVE_EVERY_S)
+
+    def on_event(self, live: LiveAttempt, index: int, ev: protocol.Event) -> Failure | None:
+        if isinstance(ev, protocol.Note):
+            self.out.say(f"{watch.label(self.run, index)}: {ev.text}")
+            return None
+        preempted = live.preempted_at is not None
+        failure = watch.apply(self.run, live, index, ev)
+        if isinstance(ev, protocol.Progress):
+            self.remember(index, self.run.task(index).progress)
+        if isinstance(ev, protocol.Exit) and not preempted and live.preempted_at is not None:
+            self.out.say(watch.preempted_words(self.run, index, ev, self.spec.launch.preempt_grace))
+        if isinstance(ev, (protocol.Exit, protocol.Lost)) and failure is None:
+            self.owner.save()
+        return failure
+
+    def hang_stacks(self, live: LiveAttempt, failure: Failure) -> Failure:
+        """A hang: every live task's stacks taken before anything is stopped; the hung one's in its failure."""
+        if failure.kind != FailureKind.HUNG:
+            return failure
+        tasks = [(i, self.run.host_of(i)[0], self.run.task(i).pid) for i in live.live]
+        return with_stacks(failure, at_hang(self.engine, tasks, failure.task, self.out))
+
+    def conclude(self, live: LiveAttempt, failure: Failure | None) -> Attempt:
         """An attempt that did not succeed: the scheduler's verdict first (a requeue is a preemption;
         a time limit or an outside cancel ends the run), else a preemption or the failure itself."""
-        verdict = self.engine.verdict(number)
+        verdict = self.engine.verdict(live.number)
         if verdict is not None and verdict.cause == SchedulerCause.REQUEUED:
-            self.settle("the scheduler requeued the job")  # Slurm ends them; the job runs again by itself
-            self.end_attempt(Outcome.PREEMPTED, verdict.reason)
-            return Outcome.PREEMPTED, None, verdict.reason
+            # Slurm ends them; the job runs again by itself
+            teardown.settle(self.run, live, "the scheduler requeued the job", self.spec.launch.stop_grace, self.out.say)
+            self.owner.save()
+            return self.end_attempt(Outcome.PREEMPTED, verdict.reason)
         if verdict is not None:
             failure = Failure(kind=FailureKind.SCHEDULER, message=(
                 f"{verdict.reason}. Tasks that saved on notice are recorded preempted; the run ends here (no "
                 f"restart follows a scheduler's end). 'mgpu-cluster logs {self.run.run_id}' shows their logs."))
         elif failure is None:  # a preemption: the group saved, or had preempt_grace to
-            names = [self.label(t.index) for t in self.run.tasks if t.state == TaskState.PREEMPTED]
+            names = [watch.label(self.run, t.index) for t in self.run.tasks if t.state == TaskState.PREEMPTED]
             reason = (f"{', '.join(names) or 'a task'} got notice to stop (a signal from its host or scheduler); "
                       "the group saved a checkpoint, or had preempt_grace to")
             with interrupts.shield(self.out.say):
                 self.teardown("the group was preempted")
-            self.end_attempt(Outcome.PREEMPTED, reason)
-            return Outcome.PREEMPTED, None, reason
-        self.out.say(f"attempt {number} failed: stopping every task")
+            return self.end_attempt(Outcome.PREEMPTED, reason)
+        self.out.say(f"attempt {live.number} failed: stopping every task")
         with interrupts.shield(self.out.say):
             self.teardown("another task failed")
-        self.end_attempt(Outcome.FAILED, failure.message, failure)
-        return Outcome.FAILED, failure, failure.message
+        return self.end_attempt(Outcome.FAILED, failure.message, failure)
 
-    def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> None:
-        current = self.run.attempts[-1] if self.run.attempts else None
-        if current is not None and current.ended_at is None:
+    def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> Attempt:
+        """The current attempt's record, ended (once: a later call leaves it as it was)."""
+        current = self.run.attempts[-1]
+        if current.ended_at is None:
             current.ended_at, current.outcome, current.reason, current.failure = time.time(), outcome, reason, failure
             self.owner.save()
-
-    def settle(self, reason: str) -> None:
-        """Wait (bounded) for the exit reports of tasks that something else is ending, stopping nothing."""
-        self.collect(set(self.live), self.spec.launch.stop_grace + TEARDOWN_SLACK_S)
-        for i in self.live:
-            self.run.tasks[i].state = TaskState.STOPPED
-            self.out.say(f"{self.label(i)} sent no exit report ({reason})")
-        self.live = set()
-
-    def collect(self, live: set[int], seconds: float) -> None:
-        """Take exit reports of `live` tasks of this attempt for up to `seconds`; they leave `live`."""
-        number, deadline = self.run.attempt, time.time() + seconds
-        while live and time.time() < deadline:
-            try:
-                attempt, index, ev = self.events.get(timeout=TICK_S)
-            except queue.Empty:
-                continue
-            if attempt != number or index not in live:
-                continue
-            if isinstance(ev, (protocol.Exit, protocol.Lost)):
-                live.discard(index)
-                self.live.discard(index)
-                task = self.run.tasks[index]
-                task.exit_code, task.ended_at = getattr(ev, "code", None), time.time()
-                if isinstance(ev, protocol.Exit) and (ev.notice or ev.code == protocol.EXIT_PREEMPTED):
-                    task.state = TaskState.PREEMPTED
-                elif task.state != TaskState.PREEMPTED:
-                    task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
-            elif isinstance(ev, (protocol.Started, protocol.Note)):
-                self.on_event(index, ev)
+        return current
 
     def teardown(self, reason: str) -> list[int]:
-        """Stop every live task, then wait (bounded) for each one's exit report; the tasks that could
-        not be reached to stop them."""
-        live, self.live = set(self.live), set()
-        if not live:
+        """Stop the current attempt's live tasks (see teardown.py); the ones that could not be reached."""
+        if self.current is None or not self.current.live:
             return []
-        self.out.say(f"stopping {len(live)} task(s): {reason}")
-        self.engine.stop(sorted(live))
-        self.collect(live, self.spec.launch.stop_grace + TEARDOWN_SLACK_S)
-        unreached = []
-        if live:
-            self.out.say(f"tasks {sorted(live)} did not confirm their stop; stopping them from their folders")
-            stuck = sorted(live)
-            for index, res in zip(stuck, self.engine.stop_from_folders(stuck)):
-                task = self.run.tasks[index]
-                task.state, task.ended_at = (TaskState.STOPPED if res.ok else TaskState.LOST), time.time()
-                if not res.ok:  # an unreachable host must not end the teardown
-                    unreached.append(index)
-                    self.out.say(f"{self.label(index)} could not be stopped: {res.error}")
-        for p in self.plans:
-            task = self.run.tasks[p.index]
-            if task.state in (TaskState.PENDING, TaskState.RUNNING):
-                task.state = TaskState.STOPPED
+        unreached = teardown.teardown(self.engine, self.run, self.current, reason, self.spec.launch.stop_grace,
+                                      self.out.say)
         self.owner.save()
         return unreached
 
+    def remember(self, index: int, progress: dict | None) -> None:
+        """Each progress record, appended to the run's progress.jsonl (for `report`); a full disk skips it."""
+        line = json.dumps({"time": time.time(), "task": index, "attempt": self.run.attempt, "progress": progress},
+                          default=str)
+        try:
+            fd = os.open(run_path(self.run.run_id) / PROGRESS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the record's own save reports a full MGPU_HOME
