@@ -13,6 +13,7 @@ from launcher.errors import MgpuError, RunFailed, RunNotFound
 from launcher.run import record
 from launcher.run.output import Output
 from worker.host import layout
+from worker.host.files import READ_MAX_BYTES
 
 
 class Lines:
@@ -79,20 +80,21 @@ def show(run: record.RunRecord, engine: Inspecting, chosen: list[int], follow: b
     first, last_round = True, False
     while True:
         results = parallel(lambda i, n=tail if first else None: engine.read_log(i, offsets[i], n), chosen)
-        first, failed, came = False, [], False
+        first, failed, cut = False, [], False
         for i, res in zip(chosen, results):
             if not res.ok:
                 failed.append(unreadable(run, engine, i, res.error))
                 continue
             data, offsets[i] = res.value
-            came |= bool(data)
+            cut |= len(data) >= READ_MAX_BYTES  # one read's most: there is more
             say(i, readers[i].feed(data))
         if failed:
             raise RunFailed(failed[0] if len(failed) == 1 else
                             "cannot read the logs of some tasks:\n  " + "\n  ".join(failed))
-        if came:
-            continue  # a long log comes in pieces: read on at once
-        if not follow or last_round:
+        done = not follow or last_round
+        if cut and done:
+            continue  # a long log comes in pieces: read on at once to its end
+        if done:
             for i in chosen:  # the log is done: its last line, with or without a newline
                 say(i, readers[i].feed(b"", final=True))
             return
