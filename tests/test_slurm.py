@@ -24,16 +24,19 @@ from conftest import launcher_traceback, latest_state, run_processes, wait_for, 
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
 from launcher.engines.slurm.follow import POLL_S, Follower
-from launcher.engines.slurm.job import parse_time, record_of, settled, verdict_of, wait_until
+from launcher.engines.slurm.job import parse_time, record_of, settled, verdict_of
 from launcher.engines.slurm.plan import plan_slurm
 from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
 from launcher.engines.slurm import status
 from launcher.engines.slurm.status import last_records, latest_attempt
 from launcher.engines import engine_for
+from launcher.run import record
 from launcher.specfile import load_spec, parse_spec
 from worker import protocol
+from worker.host import env as task_env
+from worker.host import layout
+from worker.host.clock import wait_until
 from worker.task import slurm as slurm_task
-from worker.task.slurm import events_path
 
 PY = sys.executable
 DIGITS = ["-m", "worker", "--entrypoint", "worker.examples.digits:task"]
@@ -42,6 +45,10 @@ STEPS = "command = " + json.dumps([PY, "-c", (  # a task that trains a step ever
     "import json, os, time\nd = os.environ['MGPU_RUN_DIR']\nfor n in range(1, 10 ** 6):\n"
     "    open(d + '/p.tmp', 'w').write(json.dumps({'global_step': n, 'epoch': 1}))\n"
     "    os.replace(d + '/p.tmp', d + '/progress.json')\n    time.sleep(0.2)")])
+
+
+def events_path(root: Path, index: int, attempt: int) -> Path:
+    return layout.events_file(layout.task_dir(root, index), attempt)
 
 
 # --------------------------------------------------------------------------- pure: no cluster needed
@@ -60,8 +67,9 @@ def test_tf_config_keeps_slurms_node_order_and_uses_addresses():
     assert slurm_task.default_port(7) != slurm_task.default_port(8)  # jobs sharing a node differ
     text = "NodeName=node1 Arch=x86_64 NodeAddr=198.18.1.11 NodeHostName=node1\nNodeName=node2 NodeAddr=h2 X=1\n"
     assert slurm_task.parse_nodes(text) == {"node1": "198.18.1.11", "node2": "h2"}
-    env = slurm_task.task_environment({"MGPU_RUN_ID": "r", "A": "1"}, ["a", "b"], {"a": "1.1.1.1"}, 5, 1, "/x/task-1")
-    assert json.loads(env.pop("TF_CONFIG"))["task"]["index"] == 1
+    # the entry calls the one builder directly with the step's workers
+    env = task_env.task_environment({"A": "1"}, slurm_task.workers(["a", "b"], {"a": "1.1.1.1"}, 5), 1, "r", "/x/task-1")
+    assert json.loads(env.pop("TF_CONFIG"))["cluster"]["worker"] == ["1.1.1.1:5", "b:5"]
     assert env == {"MGPU_RUN_ID": "r", "A": "1", "MGPU_TASK_INDEX": "1", "MGPU_NUM_WORKERS": "2",
                    "MGPU_RUN_DIR": "/x/task-1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -267,21 +275,57 @@ def test_status_reads_a_tasks_latest_events(tmp_path):
     assert latest_attempt(tmp_path, 0) == 2
     last = last_records(events_path(tmp_path, 0, 2))
     assert last == {"started": records[0], "stats": records[3], "progress": records[2]}  # no exit yet
-    running = status.job_row("41", ["40", "41"], "batch", _job("RUNNING", "None", 1))
+    running = status.job_row({"id": "41", "ids": ["40", "41"], "mode": "batch"}, _job("RUNNING", "None", 1))
     assert running == {"id": "41", "ids": ["40", "41"], "mode": "batch", "state": "running", "reason": None,
                        "nodes": "node[1-2]"}
     row = status.task_row(tmp_path, 0, running, stopping=False)
     assert (row["alive"], row["host"], row["port"], row["pid"], row["exit_code"]) == (True, "node2", 20041, 1, None)
     assert (row["progress"], row["cpu_percent"], row["rss"]) == ({"epoch": 1}, 99.0, 20) and "state" not in row
-    queued = status.job_row("41", ["41"], "batch", _job("PENDING", "Resources"))
+    queued = status.job_row({"id": "41", "ids": ["41"], "mode": "batch"}, _job("PENDING", "Resources"))
     assert status.task_row(tmp_path, 0, queued, stopping=False)["state"] == "pending" and queued["reason"] == "Resources"
-    ended = status.task_row(tmp_path, 1, status.job_row("41", ["41"], "batch", _job("CANCELLED")), stopping=True)
+    ended = status.task_row(tmp_path, 1, status.job_row({"id": "41", "ids": ["41"], "mode": "batch"},
+                                                        _job("CANCELLED")), stopping=True)
     assert (ended["state"], ended["alive"], ended["pid"]) == ("stopped", False, None)
-    log = tmp_path / "task-0" / "worker.log"
-    assert status.read_log(log, 5) == ("", 5)  # not written yet
-    log.write_bytes(b"one\ntwo\nthr\xc3\xa9e\n")
-    assert status.read_log(log, 0, tail=2) == ("two\nthr\u00e9e\n", 15)
-    assert status.read_log(log, 4) == ("two\nthr\u00e9e\n", 15) and status.read_log(log, 0, tail=0) == ("", 15)
+
+
+def test_logs_read_a_tasks_worker_log_as_bytes(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    spec = parse_spec({"slurm": {"nodes": 2, "workdir": str(tmp_path)}, "training": {"command": ["prog"]}})
+    engine = engine_for(spec, "20260101-000000-abcd")
+    try:
+        assert engine.read_log(0, 5) == (b"", 5)  # not written yet (its job may still wait in the queue)
+        log = Path(layout.file(layout.task_dir(engine.root, 0), layout.WORKER_LOG))
+        log.parent.mkdir(parents=True)
+        log.write_bytes(b"one\ntwo\nthr\xc3\xa9e\n")
+        assert engine.read_log(0, 0, tail=2) == (b"two\nthr\xc3\xa9e\n", 15)
+        assert engine.read_log(0, 4) == (b"two\nthr\xc3\xa9e\n", 15) and engine.read_log(0, 0, tail=0) == (b"", 15)
+    finally:
+        engine.close()
+
+
+def test_planning_is_linear_in_nodes(monkeypatch):
+    """10000 nodes are planned, shown by the dry run and refused where Slurm is missing in well under a
+    second (was 19 s: each plan held a TF_CONFIG of every node); the one builder's result is shown for task 0."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no Slurm: the preflight refuses without asking anything
+    spec = parse_spec({"slurm": {"nodes": 10000, "workdir": "/shared"}, "training": {"command": ["prog"]}})
+    lines = []
+    t0 = time.monotonic()
+    engine = engine_for(spec, "20260101-000000-abcd")
+    try:
+        engine.dry_run(lines.append)
+        checks = engine.preflight(None, lambda _text: None)
+    finally:
+        engine.close()
+    took = time.monotonic() - t0
+    assert len(engine.plans) == 10000 and engine.plans[9999].run_dir.endswith("/task-9999")
+    assert "TF_CONFIG" not in engine.plans[0].env and engine.plans[0].env == {"CUDA_VISIBLE_DEVICES": ""}
+    shown = next(line for line in lines if "TF_CONFIG=" in line)
+    assert '"<node 0>:<port>", "<node 1>:<port>"' in shown and "characters)" in shown and len(shown) < 1200
+    assert "#   MGPU_NUM_WORKERS=10000" in lines and "#   MGPU_TASK_INDEX=0" in lines
+    assert not checks[0].ok and "not on PATH" in checks[0].problems[0]
+    print(f"\n10000 nodes: planned, dry run and preflight in {took:.3f} s")
+    assert took < 2.0, took
 
 
 @pytest.mark.parametrize("table,needle", [
@@ -481,6 +525,9 @@ def test_a_hung_task_has_its_peer_stopped_within_seconds_of_the_hang_being_named
     assert code == 1 and not launcher_traceback(out), out
     failure = status_json(cli)["failure"]
     assert (failure["task"], failure["kind"]) == (1, "hung") and "SIGSTOP" in failure["message"], failure
+    log = (cli.home / "runs" / latest_state(cli)["run_id"] / "launcher.log").read_text()
+    # taken on each task's node inside the job: where it landed comes from the live run record
+    assert "stacks at the hang: task 1 (node2)" in log and '"MainThread"' in log and "no stacks" not in log, log[-3000:]
     assert not wait_gone(cli.home, 10)
     print(f"\nSIGSTOP of task 1: hang named (stacks taken) after {took['named']:.2f} s, task 0 stopped "
           f"{took['peer']:.2f} s after that")
@@ -499,9 +546,10 @@ def test_down_cancels_a_detached_run(sc, cli, tmp_path, monkeypatch):
     # a command on task 1's node, inside the job (what `stacks` uses): an engine made from the run record
     for k, v in sc.env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MGPU_HOME", str(cli.home))
     st = latest_state(cli)
-    engine = engine_for(load_spec(spec), st["run_id"])  # as status, logs and down make theirs
-    engine.attach({t["index"]: (t["host"], t["port"]) for t in st["tasks"]}, st["job"])
+    # as status, logs and down make theirs: where each task landed and the job come from the run record
+    engine = engine_for(load_spec(spec), st["run_id"], landed=record.load(st["run_id"]))
     code, text, err = engine.call(1, ["sh", "-c", 'echo "$SLURMD_NODENAME $SLURM_JOB_ID $PWD"'], 60)
     assert (code, text.split()) == (0, ["node2", snap["job"]["id"], st["tasks"][1]["run_dir"]]), err
     engine.close()  # made for a command: it leaves the job alone
@@ -570,12 +618,18 @@ def test_a_queued_job_shows_pending_with_its_reason(sc, cli, tmp_path):
         snap = wait_for(pending, 60, "the job pending")
         assert snap["job"]["reason"] in ("Resources", "Priority"), snap["job"]
         assert [t["state"] for t in snap["tasks"]] == ["pending", "pending"] and snap["state"] == "starting"
-        time.sleep(0.5)  # `up` polls the queue every 0.2 s
-        up.send_signal(signal.SIGINT)  # while queued: cancels the job
+        time.sleep(0.5)  # `up` polls the queue every 0.5 s
+        t0 = time.monotonic()
+        up.send_signal(signal.SIGINT)  # while queued: cancels the job, and no task can report: returns at once
         out, _ = up.communicate(timeout=60)
+        took = time.monotonic() - t0
         assert up.returncode == 130, out
-        assert "waiting in the queue (" in out
+        assert "waiting in the queue (" in out and "did not confirm their stop" not in out, out
         assert job_state(sc, snap["job"]["id"], "CANCELLED")
+        after = status_json(cli)
+        assert after["state"] == "stopped" and after["job"]["state"] == "cancelled", after
+        print(f"\nCtrl-C of up while its job is queued: exit 130 after {took:.2f} s")
+        assert took < 5.0, took  # was stop_grace + 8 s, waiting for exit reports of tasks that never ran
     finally:
         if up.poll() is None:
             up.kill()
@@ -641,6 +695,19 @@ def test_refused_before_anything_is_submitted(sc, cli, tmp_path):
     assert "Traceback" not in r.stderr
     assert our_jobs(sc) == before
     assert not run_processes(cli.home)
+
+
+def test_a_node_count_the_partition_cannot_grant_is_refused_at_once(sc, cli, tmp_path):
+    """The largest count the spec takes, on a 2-node partition: `check` plans it and refuses in one
+    paragraph naming [slurm].nodes, in seconds (was: planning alone kept it at 100% CPU for half an hour)."""
+    t0 = time.monotonic()
+    r = cli("check", write_spec(tmp_path, SLEEP, nodes=65533), timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "[slurm].nodes = 65533, but partition debug has 2 node(s): Slurm cannot grant that many" in r.stderr
+    assert "lower [slurm].nodes to at most 2" in r.stderr and r.stderr.count("[slurm].nodes = ") == 1, r.stderr
+    print(f"\ncheck of 65533 nodes on a 2-node partition: refused in {took:.2f} s (the CLI's start included)")
+    assert took < 15.0, took
 
 
 def test_down_inside_a_users_batch_job_cancels_only_the_runs_step(sc, cli, tmp_path):

@@ -1,12 +1,14 @@
 """The Slurm lifecycle told truthfully, on the real Slurm cluster of deploy/: a requeue and a node set
 DOWN are preemptions that resume from the checkpoint in the same job; a time limit and an outside
 `scancel` end the run with failure kind `scheduler`, saved tasks recorded preempted, and no
-"restarting" line. After each, nothing of the run is left in the queue or on a node."""
+"restarting" line; a job waiting in the queue (at first, or requeued and held) is a run still going.
+After each, nothing of the run is left in the queue or on a node."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,56 @@ def test_an_outside_scancel_is_told_as_cancelled_from_outside(sc, cli, tmp_path)
     assert failure["kind"] == "scheduler" and "cancelled from outside" in failure["message"], failure
     assert snap["restarts"] == 0 and "lost" not in [t["state"] for t in snap["tasks"]], snap
     nothing_left(sc, cli, snap["run_id"])
+
+
+def test_a_queued_and_a_requeued_job_are_left_going_and_shown_waiting(sc, cli, tmp_path, monkeypatch, capfd):
+    """`up --detach` whose job waits in the queue past the detach's wait leaves the run going; so does a job
+    that Slurm requeues and holds in the queue (its node DOWN): the run is `starting` again with its
+    launcher alive, `status` shows the job pending with Slurm's reason; once the node is back the same job
+    runs again (the next attempt), and `down` stops it."""
+    from launcher.run import detach, record
+
+    monkeypatch.setattr(detach, "DETACH_WAIT_S", 5.0)  # the real wait is minutes
+    for k, v in {**sc.env, "MGPU_HOME": str(cli.home)}.items():
+        monkeypatch.setenv(k, v)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(f'[slurm]\nnodes = 2\nworkdir = "{shared}"\npartition = "debug"\npython = "{PY}"\n'
+                    f'[training]\ncommand = {json.dumps([PY, "-c", "import time; time.sleep(600)"])}\n'
+                    "[launch]\npreempt_grace = 5\n")
+    blocker = sc.command("sbatch", "--parsable", "-N1", "-w", "node2", "-o", "/dev/null", "--wrap",
+                         "sleep 300").stdout.strip()
+    wait_for(lambda: (sc.job(blocker) or {}).get("JobState") == "RUNNING", 30, "the blocker running")
+    run_id = record.new_run_id()
+    detach.start_detached(spec, run_id, 2)  # the job waits behind the blocker: the wait runs out
+    said = capfd.readouterr().out
+    assert "not running yet" in said and "not stopped" in said, said
+    snap = status_json(cli)
+    assert snap["run_id"] == run_id and snap["launcher_alive"] and snap["state"] == "starting", snap
+    assert snap["job"]["state"] == "pending" and snap["job"]["reason"] in ("Resources", "Priority"), snap["job"]
+    assert [t["state"] for t in snap["tasks"]] == ["pending", "pending"], snap["tasks"]
+    job_id = snap["job"]["id"]
+
+    sc.command("scancel", blocker)
+    assert wait_for(lambda: (lambda s: s if s["state"] == "running" else None)(status_json(cli)), 60, "the run running")
+    # requeued; held in the queue (Slurm makes a requeued job eligible only minutes later)
+    sc.command("scontrol", "update", "nodename=node2", "state=down", "reason=test")
+    held = wait_for(lambda: (lambda s: s if s["attempt"] == 1 and s["job"]["state"] == "pending" else None)(
+        status_json(cli)), 90, "the next attempt waiting for the requeued job")
+    time.sleep(3)  # held: no task can report; the run waits for the job, however long
+    snap = status_json(cli)
+    assert snap["launcher_alive"] and snap["state"] == "starting" and snap["attempt"] == 1, snap
+    assert snap["job"]["state"] == "pending" and snap["job"]["reason"] and snap["job"]["id"] == job_id, snap["job"]
+    assert snap["preemptions"] == 1 and snap["attempts"][0]["outcome"] == "preempted", snap
+    assert held["job"]["ids"] == [job_id]  # the same job: nothing resubmitted
+
+    sc.command("scontrol", "update", "nodename=node2", "state=resume", check=False)  # it may be back already
+    requeued_at_once(sc, job_id)
+    again = wait_for(lambda: (lambda s: s if s["state"] == "running" else None)(status_json(cli)), 90,
+                     "the requeued job running again")
+    assert again["attempt"] == 1 and again["job"]["id"] == job_id and again["job"]["state"] == "running", again
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert status_json(cli)["state"] == "stopped"
+    nothing_left(sc, cli, run_id)

@@ -1,18 +1,20 @@
 """The Slurm engine's reading of its job, pure (no cluster: `scontrol` answers with recorded records):
-when a scheduler's verdict is worth waiting for, and waiting for a requeued job to run again."""
+when a scheduler's verdict is worth waiting for, waiting for a requeued job to run again, and the one
+watcher that asks Slurm for everyone."""
 
 from __future__ import annotations
 
-import subprocess
+import threading
 import time
 
 import pytest
 
-import launcher.engines.slurm as slurm_engine
-from launcher.engines import engine_for
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import job as jobs
+from launcher.engines.slurm.batch import BatchJob
+from launcher.engines.slurm.watch import Watcher
 from launcher.specfile import parse_spec
+from worker.host.clock import wait_until
 
 RUN_ID = "20260101-000000-abcd"
 
@@ -42,55 +44,99 @@ def test_a_verdict_is_waited_for_only_when_something_says_slurm_is_ending_the_jo
     assert jobs.ending(None, 0, {"SIGTERM"}) is False  # purged, or no answer: nothing more to learn
 
 
+class Replay:
+    """`scontrol show job` answered from recorded records (the last one repeats), counting the questions."""
+
+    def __init__(self, *records: str):
+        self.records, self.asked = list(records), 0
+
+    def __call__(self, job_id: str) -> dict | None:
+        assert job_id == "41", job_id
+        text = self.records[min(self.asked, len(self.records) - 1)]
+        self.asked += 1
+        return jobs.record_of(text)
+
+
 @pytest.fixture
-def engine(tmp_path, monkeypatch):
-    """A batch-mode engine whose `scontrol show job` answers from `records` (the last one repeats)."""
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+def job(tmp_path):
+    """The run's batch job 41, its watcher asked from the test's thread only (not started)."""
     spec = parse_spec({"slurm": {"nodes": 2, "workdir": str(tmp_path)}, "training": {"command": ["prog"]}})
-    eng = engine_for(spec, RUN_ID)
-    eng.job_id, eng.records, eng.asked = "41", [], 0
-
-    def slurm(argv, timeout=30.0, input=None):
-        assert argv[:4] == ["scontrol", "-o", "show", "job"], argv
-        text = eng.records[min(eng.asked, len(eng.records) - 1)]
-        eng.asked += 1
-        return subprocess.CompletedProcess(argv, 0, text, "")
-
-    monkeypatch.setattr(jobs, "slurm", slurm)
-    monkeypatch.setattr(slurm_engine, "JOB_POLL_S", 0.01)
-    monkeypatch.setattr(eng, "_watch_start", lambda: None)  # the job is asked from the test's thread only
-    yield eng
-    eng.close()
+    replay = Replay()
+    made = BatchJob(spec, RUN_ID, watcher=Watcher("41", ask=replay, poll_s=0.01))
+    made.replay = replay
+    yield made
+    made.watcher.close()
 
 
-def test_a_job_still_running_with_nothing_from_slurm_gives_no_verdict_at_once(engine):
+def test_a_job_still_running_with_nothing_from_slurm_gives_no_verdict_at_once(job):
     """After a hang or a lost task the peers are stopped at once, not SETTLE_S later."""
-    engine.records = [_job("RUNNING")]
+    job.replay.records = [_job("RUNNING")]
     t0 = time.monotonic()
-    assert engine.verdict(0) is None
-    assert time.monotonic() - t0 < 1.0 and engine.asked == 1
+    assert job.verdict(0, set()) is None
+    assert time.monotonic() - t0 < 1.0 and job.replay.asked == 1
 
 
-def test_after_a_notice_the_verdict_waits_for_slurm_to_show_how_the_job_ended(engine):
-    engine.records = [_job("RUNNING"), _job("COMPLETING"), _job("COMPLETING"), _job("CANCELLED")]
-    engine.notices = {"SIGTERM"}
-    found = engine.verdict(0)
+def test_after_a_notice_the_verdict_waits_for_slurm_to_show_how_the_job_ended(job):
+    job.replay.records = [_job("RUNNING"), _job("COMPLETING"), _job("COMPLETING"), _job("CANCELLED")]
+    found = job.verdict(0, {"SIGTERM"})
     assert found is not None and found.cause == SchedulerCause.CANCELLED, found
-    assert engine.asked == 4
+    assert job.replay.asked == 4
 
 
-def test_a_requeued_job_completing_its_last_run_is_waited_for_not_ended_before_it_ran(engine):
+def test_a_requeued_job_completing_its_last_run_is_waited_for_not_ended_before_it_ran(job):
     """The requeue's verdict came while the job still showed COMPLETING: the next attempt follows the same
     job through COMPLETING and the queue until it runs (attempt numbers stay SLURM_RESTART_COUNT's)."""
-    engine.records = [_job("COMPLETING", restarts=1), _job("RUNNING", restarts=1)]
-    assert engine.verdict(0).cause == SchedulerCause.REQUEUED and engine.requeued
-    engine.records, engine.asked = [_job("COMPLETING", 1), _job("COMPLETING", 1), _job("PENDING", 1),
-                                    _job("RUNNING", 1)], 0
-    assert engine._run_job(1) is None
-    assert engine.asked == 4 and engine.job_ids == []  # followed, not resubmitted
+    job.replay.records = [_job("COMPLETING", restarts=1)]
+    assert job.verdict(0, set()).cause == SchedulerCause.REQUEUED and job.requeued
+    job.replay.records, job.replay.asked = [_job("COMPLETING", 1), _job("COMPLETING", 1), _job("PENDING", 1),
+                                            _job("RUNNING", 1)], 0
+    said, told = [], []
+    assert job.launch(1, said.append, told.append) is None
+    assert job.replay.asked >= 3 and jobs.state_of(job.watcher.record()) == "RUNNING"  # through the queue
+    assert job.job_ids == [] and told == []  # followed, not resubmitted
+    assert said == []  # a queue reason of None is not said
 
 
-def test_a_job_gone_before_it_ran_is_told(engine):
-    engine.requeued, engine.records = True, [_job("PENDING", 1), _job("COMPLETING", 1), _job("CANCELLED", 1)]
-    why = engine._run_job(1)
+def test_a_job_gone_before_it_ran_is_told(job):
+    job.requeued, job.replay.records = True, [_job("PENDING", 1), _job("COMPLETING", 1), _job("CANCELLED", 1)]
+    why = job.launch(1, lambda _text: None, lambda _job: None)
     assert why is not None and "ended before it ran (CANCELLED" in why, why
+
+
+def test_the_watcher_caches_the_record_for_everyone_and_asks_one_question_at_a_time():
+    """Readers share the last record (kept while Slurm does not answer); `fresh(max_age)` asks only when the
+    cache is older; concurrent questions are asked one after the other."""
+    answers = Replay(_job("PENDING"), _job("RUNNING"))
+    watcher = Watcher("41", ask=answers)
+    assert watcher.record() is None and jobs.state_of(watcher.fresh()) == "PENDING"
+    assert jobs.state_of(watcher.fresh(max_age=60)) == "PENDING" and answers.asked == 1  # from the cache
+    assert jobs.state_of(watcher.fresh()) == "RUNNING" and jobs.state_of(watcher.record()) == "RUNNING"
+    silent = Watcher("41", ask=lambda _id: None)
+    silent._record = jobs.record_of(_job("RUNNING"))
+    assert silent.fresh() is None and jobs.state_of(silent.record()) == "RUNNING"  # no answer: the last record stays
+    inside, most = [0], [0]
+
+    def slow(job_id):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        inside[0] -= 1
+        return jobs.record_of(_job("RUNNING"))
+
+    busy = Watcher("41", ask=slow)
+    threads = [threading.Thread(target=busy.fresh) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most[0] == 1
+    polled = Replay(_job("RUNNING"))
+    watched = Watcher(None, ask=polled, poll_s=0.01)
+    watched.watch("41")  # polled by its own thread from now on
+    try:
+        assert wait_until(lambda: polled.asked >= 3, 10, 0.01) and jobs.state_of(watched.record()) == "RUNNING"
+    finally:
+        watched.close()
+    asked = polled.asked
+    time.sleep(0.1)
+    assert polled.asked <= asked + 1  # closed: no more questions

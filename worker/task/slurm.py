@@ -4,12 +4,13 @@
                                 [--lifeline S] -- PROGRAM ARGS...
 
 It builds the task's environment from the step (TF_CONFIG from the step's nodes in Slurm's order at
-their NodeAddr, rank from SLURM_PROCID, RUN/env.json) with the one builder (worker.task.env), and
-runs PROGRAM under the task core, whose records go to RUN/task-<rank>/events-<attempt>.jsonl for the
-launcher to follow (attempt = N + SLURM_RESTART_COUNT: a requeued job's run is the next attempt).
-TERM or USR1 is a notice (USR1: Slurm's signal before the time limit), unless a peer of this attempt
-already failed (then Slurm is ending the step); INT or HUP stop it. With --lifeline S the task stops
-when RUN/launcher.alive is older than S seconds: its launcher is gone.
+their NodeAddr, rank from SLURM_PROCID, the run's id and the launcher's part from the run folder,
+layout.ENV) with the one builder (worker.host.env), and runs PROGRAM under the task core, whose records
+go to the task's events file of the attempt (worker.host.layout) for the launcher to follow (attempt =
+N + SLURM_RESTART_COUNT: a requeued job's run is the next attempt). TERM or USR1 is a notice (USR1:
+Slurm's signal before the time limit), unless a peer of this attempt already failed (then Slurm is
+ending the step); INT or HUP stop it. With --lifeline S the task stops when the launcher's lifeline
+(layout.ALIVE in the run folder) is older than S seconds: its launcher is gone.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from worker.task import env
+from worker.host import env, layout
+from worker.host.env import endpoint
 from worker.task.channel import FileChannel
 from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
-from worker.task.env import endpoint
 from worker.task.signals import Signals
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -58,12 +59,6 @@ def parse_nodes(text: str) -> dict[str, str]:
         if fields.get("NodeName"):
             found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
     return found
-
-
-def task_environment(common: dict[str, str], nodes: list[str], addresses: dict[str, str], port: int, rank: int,
-                     run_dir: str) -> dict[str, str]:
-    """What the training gets on top of Slurm's environment (the README's contract)."""
-    return env.task_environment(common, workers(nodes, addresses, port), rank, common.get("MGPU_RUN_ID", ""), run_dir)
 
 
 # --------------------------------------------------------------------------- asking Slurm
@@ -99,18 +94,18 @@ def step_cluster(environ: dict[str, str]) -> tuple[list[str], dict[str, str], in
     return nodes, parse_nodes(_scontrol("-o", "show", "node", nodelist)), rank, job_id
 
 
-def events_path(run: Path, index: int, attempt: int) -> Path:
-    return run / f"task-{index}" / f"events-{attempt}.jsonl"
-
-
 def peer_failed(run: Path, attempt: int) -> bool:
     """Another task of this attempt already failed: a TERM now is Slurm ending the step
     (--kill-on-bad-exit), not a notice to save."""
     from worker import protocol
 
-    for path in run.glob(f"task-*/events-{attempt}.jsonl"):
+    try:
+        folders = [p for p in run.iterdir() if layout.task_index(p.name) is not None]
+    except OSError:
+        return False
+    for folder in folders:
         try:
-            lines = path.read_bytes().splitlines()
+            lines = layout.events_file(folder, attempt).read_bytes().splitlines()
         except OSError:
             continue
         for line in lines:
@@ -142,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="TF port (default: from the job id)")
     parser.add_argument("--grace", type=float, default=GRACE_S, help="INT/HUP to KILL, seconds")
     parser.add_argument("--preempt-grace", type=float, default=None, help="TERM/USR1 (notice) to KILL, seconds")
-    parser.add_argument("--lifeline", type=float, default=0.0, help="stop when RUN/launcher.alive is this old")
+    parser.add_argument("--lifeline", type=float, default=0.0, help="stop when the launcher's lifeline is this old")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -153,29 +148,30 @@ def main(argv: list[str] | None = None) -> int:
     attempt = args.attempt + int(environ.get("SLURM_RESTART_COUNT") or 0)
     signals = Signals(notice_ok=lambda: not peer_failed(run, attempt))  # before asking Slurm: a notice is kept
     node = environ.get("SLURMD_NODENAME", "")
-    task_dir = run / f"task-{rank}"
+    task_dir = layout.task_dir(run, rank)
     try:
         task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
         pass  # the core reports what it cannot write
     problem, task_env, port = "", {}, args.port or 0
     try:
-        common = json.loads((run / "env.json").read_text())["env"]
+        given = json.loads((run / layout.ENV).read_text())
         nodes, addresses, rank, job_id = step_cluster(environ)
         port = args.port or default_port(job_id)
-        task_env = task_environment(common, nodes, addresses, port, rank, str(task_dir))
+        task_env = env.task_environment(dict(given["env"]), workers(nodes, addresses, port), rank,
+                                        str(given["run_id"]), str(task_dir))
     except (SetupError, OSError, ValueError, KeyError, TypeError) as exc:
         problem = f"cannot set up task {rank} on {node or '?'}: {exc}"
     setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=task_env, port=port or None,
                       grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       host=node, report_port=port, parent_death=signal.SIGKILL)
-    core = TaskCore(setup, FileChannel(events_path(run, rank, attempt)))
+    core = TaskCore(setup, FileChannel(layout.events_file(task_dir, attempt)))
     if problem:
         core.prepare()
         return core.refuse(EXIT_SETUP, problem)
     signals.attach(core)
     if args.lifeline:
-        threading.Thread(target=watch_lifeline, args=(core, run / "launcher.alive", args.lifeline),
+        threading.Thread(target=watch_lifeline, args=(core, run / layout.ALIVE, args.lifeline),
                          daemon=True).start()
     return core.run()
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 from launcher.engines.base import Pump, Sink
 from worker import protocol
-from worker.task.slurm import events_path  # where the task core writes them: one definition
+from worker.host import layout
 
 POLL_S = 0.2
 READ_MAX = 1 << 20  # bytes of one events file per round
@@ -46,7 +46,7 @@ class Follower:
 
     def __init__(self, root: Path, indices: list[int], attempt: int, sink: Sink, over: Callable[[], str | None],
                  on_exit: Callable[[protocol.Exit], None]):
-        self.tails = {i: _Tail(events_path(root, i, attempt)) for i in indices}
+        self.tails = {i: _Tail(layout.events_file(layout.task_dir(root, i), attempt)) for i in indices}
         self.pumps = {i: Pump(i, sink, lambda: over() or "its job ended with no exit report") for i in indices}
         self.over, self.on_exit = over, on_exit
         self.stopped = threading.Event()

@@ -1,40 +1,13 @@
-"""Asking Slurm: its commands, its records, its time format, and what a job's state says about an
-attempt (`verdict_of`, pure: the scheduler's own end of it, or None)."""
+"""Slurm's records read (pure): a job's state, its time format, and what a job's record says about an
+attempt (`verdict_of`: the scheduler's own end of it, or None)."""
 
 from __future__ import annotations
-
-import shlex
-import subprocess
-import time
-from typing import Callable, TypeVar
 
 from launcher.engines.base import SchedulerCause, SchedulerEnd
 
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 RUNNING = {"CONFIGURING", "RUNNING", "SUSPENDED", "SIGNALING", "RESIZING", "STOPPED"}
 TIME_NOTICE = "SIGUSR1"  # what our --signal sends the tasks before the time limit
-T = TypeVar("T")
-
-
-def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> subprocess.CompletedProcess:
-    """A Slurm command; a missing command or a time-out reads as a failed command (code 127 / 124)."""
-    try:
-        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
-                              stdin=None if input is not None else subprocess.DEVNULL, start_new_session=True)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not found on PATH")
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"`{shlex.join(argv)}` did not answer within {timeout:g} s")
-
-
-def wait_until(fn: Callable[[], T], timeout: float, step: float = 0.2) -> T | None:
-    """fn() until it gives something true (returned), for at most `timeout` seconds (then None)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = fn()
-        if found or time.monotonic() >= deadline:
-            return found or None
-        time.sleep(step)
 
 
 def record_of(text: str) -> dict:
@@ -61,7 +34,7 @@ def parse_time(text: str | None) -> float | None:
     return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
 
 
-def _gpus(gres: str) -> int:
+def gpus(gres: str) -> int:
     """GPUs in a node's Gres (e.g. "gpu:a100:4(S:0-1),shard:8")."""
     total = 0
     for item in gres.split(","):
@@ -89,11 +62,13 @@ def gone(info: dict | None) -> bool:
 def settled(info: dict | None, restarts_before: int) -> bool:
     """Whether the record tells for good how an attempt's job ended: it is gone, back in the queue or
     requeued (Restarts went up, maybe running again already), or nothing (purged: no more to learn)."""
-    return info is None or state_of(info) in QUEUED or gone(info) or _restarts(info) > restarts_before
+    return info is None or state_of(info) in QUEUED or gone(info) or restarts(info) > restarts_before
 
 
-def _restarts(info: dict) -> int:
-    return int((info.get("Restarts") or "0").strip() or 0)
+def restarts(info: dict | None) -> int:
+    """How often Slurm requeued the job (its record's Restarts)."""
+    text = ((info or {}).get("Restarts") or "0").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def ending(info: dict | None, restarts_before: int, notices: set[str]) -> bool:
@@ -102,7 +77,7 @@ def ending(info: dict | None, restarts_before: int, notices: set[str]) -> bool:
     running with none of these was ended by its tasks (a failure, a hang): the scheduler has nothing to say."""
     if info is None:
         return False
-    if notices or state_of(info) not in RUNNING or _restarts(info) > restarts_before:
+    if notices or state_of(info) not in RUNNING or restarts(info) > restarts_before:
         return True
     try:
         limit, ran = parse_time(info.get("TimeLimit")), parse_time(info.get("RunTime"))
@@ -119,7 +94,7 @@ def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_i
         return None
     state, reason = state_of(info), (info or {}).get("Reason") or "None"
     said = f"(state {state}, reason {reason})" if reason != "None" else f"(state {state})"
-    if info and _restarts(info) > restarts_before or state in QUEUED:
+    if info and restarts(info) > restarts_before or state in QUEUED:
         return SchedulerEnd(SchedulerCause.REQUEUED, f"Slurm requeued job {job_id} {said}: a node failed, or "
                                                      "someone ran 'scontrol requeue'; it runs again by itself")
     if state == "TIMEOUT" or TIME_NOTICE in notices:

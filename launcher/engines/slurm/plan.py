@@ -1,13 +1,19 @@
-"""Slurm plans: where a run's files live (the shared workdir), the tasks' plans, what every task gets."""
+"""Slurm plans (pure, linear in nodes): where a run's files live (the shared workdir, laid out by
+worker.host.layout), the tasks' plans with what the launcher gives every task, and what the one builder
+makes of it on a node, for a described cluster (plans and the dry run show it)."""
 
 from __future__ import annotations
 
 import enum
 import os
+from pathlib import Path
 
 from launcher.plan import TaskPlan, worker_argv
 from launcher.spec import ClusterSpec, Host
-from worker.task.env import endpoint, task_environment
+from worker.host import layout
+from worker.host.env import task_environment
+
+JOB_OUT = "job.out"  # the batch jobs' own output (srun's lines), in the run's folder
 
 
 class Mode(str, enum.Enum):
@@ -24,35 +30,44 @@ def mode_here() -> Mode:
 
 def run_folder(spec: ClusterSpec, run_id: str) -> str:
     """The run's folder under [slurm].workdir (seen by every node): tasks, checkpoint, batch script."""
-    return os.path.join(os.path.expanduser(spec.slurm.workdir), ".mgpu", "runs", run_id)
+    return layout.run_root(os.path.expanduser(spec.slurm.workdir), run_id)
+
+
+def script_file(root: Path, attempt: int) -> Path:
+    return root / f"job-{attempt}.sh"
+
+
+def step_output(root: Path, attempt: int) -> Path:
+    """srun's own lines of a step run inside an allocation."""
+    return root / f"step-{attempt}.out"
 
 
 def job_name(run_id: str) -> str:
     return f"mgpu-{run_id}"
 
 
-def common_env(spec: ClusterSpec, run_id: str) -> dict[str, str]:
-    """What the launcher gives every task (env.json): the run's id and the spec's env. Each task builds
-    the rest on its node, with TF_CONFIG, by the one builder (worker.task.env)."""
+def common_env(spec: ClusterSpec) -> dict[str, str]:
+    """What the launcher gives every task (layout.ENV, with the run's id): CUDA_VISIBLE_DEVICES and the
+    spec's env. Each task builds the rest on its node, with TF_CONFIG, by the one builder (worker.host.env)."""
     cfg = spec.slurm
-    env = {"MGPU_RUN_ID": run_id}
-    if cfg.gpus_per_node == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
+    env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.gpus_per_node == 0 else {}
     return {**env, **(cfg.env or {})}
 
 
 def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
-    """The tasks' plans; their env is what each will get on its node (but TF_CONFIG: Slurm picks the nodes)."""
+    """The tasks' plans, each with what the launcher gives it (Slurm picks the nodes: no TF_CONFIG yet)."""
     cfg, root = spec.slurm, run_folder(spec, run_id)
-    common = common_env(spec, run_id)
-    workers = [endpoint(f"<node {j}>", cfg.port or 0) for j in range(cfg.nodes)]
-    plans = []
-    for i in range(cfg.nodes):
-        run_dir = f"{root}/task-{i}"
-        env = task_environment(common, workers, i, run_id, run_dir)
-        del env["TF_CONFIG"]
-        plans.append(TaskPlan(
-            index=i, host=Host.model_construct(address="slurm", port=cfg.port or 0), python=cfg.python,
-            cwd=os.path.expanduser(cfg.workdir), run_dir=run_dir, argv=worker_argv(spec, cfg.python),
-            env=env, grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace))
-    return plans
+    host, cwd = Host.model_construct(address="slurm", port=cfg.port or 0), os.path.expanduser(cfg.workdir)
+    argv, common = worker_argv(spec, cfg.python), common_env(spec)
+    return [TaskPlan(index=i, host=host, python=cfg.python, cwd=cwd, run_dir=layout.task_dir(root, i), argv=argv,
+                     env=dict(common), grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace)
+            for i in range(cfg.nodes)]
+
+
+def described_environment(spec: ClusterSpec, run_id: str, rank: int = 0) -> dict[str, str]:
+    """The environment the one builder gives task `rank` on its node, for a cluster described by
+    placeholders (the step's nodes in Slurm's order, each at its address: known once the job runs)."""
+    cfg = spec.slurm
+    port = cfg.port or "<port>"
+    workers = [f"<node {j}>:{port}" for j in range(cfg.nodes)]
+    return task_environment(common_env(spec), workers, rank, run_id, layout.task_dir(run_folder(spec, run_id), rank))

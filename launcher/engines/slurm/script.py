@@ -1,5 +1,5 @@
 """The job: sbatch options, the batch script (one srun step: one attempt; no policy in bash; the agent
-decides restarts), the step's command line, and the dry run that shows them."""
+decides restarts), the step's command line, and the environment the dry run shows."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import re
 import shlex
 from typing import Callable
 
-from launcher.engines.slurm.plan import Mode, job_name, mode_here, plan_slurm, run_folder
+from launcher.engines.slurm.plan import JOB_OUT, described_environment, job_name, run_folder
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
+from worker.host import layout
 
 SAFE = re.compile(r"^[\w./@%:=+,-]+$")
+SHOWN_CHARS = 1000  # of one value in the dry run (TF_CONFIG grows with the nodes)
 
 
 def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
@@ -26,7 +28,8 @@ def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
         opts.append(f"--time={cfg.time}")
     if cfg.gpus_per_node:
         opts.append(f"--gpus-per-node={cfg.gpus_per_node}")
-    opts += [f"--chdir={os.path.expanduser(cfg.workdir)}", f"--output={root}/job.out", "--open-mode=append",
+    opts += [f"--chdir={os.path.expanduser(cfg.workdir)}", f"--output={os.path.join(root, JOB_OUT)}",
+             "--open-mode=append",
              # the tasks get USR1 preempt_grace before the time limit (a notice: they save); a job
              # that Slurm requeues (scontrol requeue, a node failure) comes back as the next attempt
              f"--signal=USR1@{math.ceil(spec.launch.preempt_grace)}", "--requeue"]
@@ -35,7 +38,7 @@ def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
 
 def srun_argv(spec: ClusterSpec, run_id: str, attempt: int) -> list[str]:
     """The step: one task per node (each under the task core), the whole step ended by Slurm when one
-    task fails; each task stops itself when the launcher stops touching launcher.alive (its lifeline)."""
+    task fails; each task stops itself when the launcher stops touching its lifeline (layout.ALIVE)."""
     cfg, root, launch = spec.slurm, run_folder(spec, run_id), spec.launch
     core = [cfg.python, "-m", "worker.task.slurm", "--run-dir", root, "--attempt", str(attempt),
             "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
@@ -88,17 +91,11 @@ def batch_script(spec: ClusterSpec, run_id: str, attempt: int) -> str:
     ])
 
 
-def print_dry_run(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) -> None:
-    root = run_folder(spec, run_id)
-    if mode_here() == Mode.ALLOCATION:
-        say(f"# inside allocation {os.environ['SLURM_JOB_ID']}: each attempt is a step run directly, in {root}")
-        say(shlex.join(srun_argv(spec, run_id, 0)))
-    else:
-        say(f"# submitted with: sbatch --parsable {shlex.join(sbatch_options(spec, run_id))} {root}/job.sh")
-        say(f"# {root}/job.sh (attempt 0; a restart submits the same with its own attempt number):")
-        say(batch_script(spec, run_id, 0))
-    say("# task 0's environment, built on its node when it starts (the launcher's part in env.json):")
-    for k, v in mask_env(plan_slurm(spec, run_id)[0].env).items():
-        say(f"#   {k}={v}")
+def show_environment(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) -> None:
+    """The dry run's account of task 0's environment: what the one builder makes on its node (secrets masked)."""
+    say(f"# task 0's environment, built on its node when it starts (the launcher's part in {layout.ENV}), for "
+        "the step's nodes <node 0>..<node N-1>:")
+    for k, v in mask_env(described_environment(spec, run_id)).items():
+        say(f"#   {k}={v if len(v) <= SHOWN_CHARS else v[:SHOWN_CHARS] + f'... ({len(v)} characters)'}")
     say("# TF_CONFIG of task i: the step's nodes in Slurm's order (scontrol show hostnames), each at its NodeAddr, "
         f"port {spec.slurm.port or 'from the job id (20000 + job id % 10000)'}; index = SLURM_PROCID")
