@@ -51,6 +51,6 @@ def report(run_id: str | None, out: Path | None = None) -> Path:
     run = record.load(run_id)
     folder = record.run_path(run.run_id)
     path = Path(out) if out else folder / "report.png"
-    draw.write(draw.from_files(folder / record.STATE, folder / "progress.jsonl"), path, now=time.time())
+    draw.write(draw.from_files(folder / record.STATE, folder / record.PROGRESS_LOG), path, now=time.time())
     print(path, flush=True)
     return path

@@ -29,6 +29,7 @@ from worker.host.system import free_space
 VERSION = 3
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 STATE = "state.json"
+PROGRESS_LOG = "progress.jsonl"  # every progress record (appended by the agent), for `report`
 UNSAVED = "unsaved.json"  # room reserved at the start: what the launcher knows when state.json cannot be written
 
 
