@@ -9,6 +9,7 @@ could not be recorded.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -125,8 +126,9 @@ def settle(run: record.RunRecord) -> Seen:
 
 
 def _cannot_write(owner: record.Owner) -> str:
-    path = record.run_path(owner.record.run_id) / record.STATE
-    return f"cannot write {path}: {owner.error.strerror or owner.error} ({free_space(path)} there)"
+    path, exc = record.run_path(owner.record.run_id) / record.STATE, owner.error
+    room = f" ({free_space(path)} there)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"cannot write {path}: {exc.strerror or exc}{room}"
 
 
 def _end(run: record.RunRecord, note: dict | None) -> None:
