@@ -81,7 +81,9 @@ def test_detach_returns_when_a_short_task_ends_before_its_peer_starts(cli, tmp_p
                 assert "running detached" in r.stdout, r.stdout
                 st = status_json(cli)
                 assert st["state"] == "running", st
-                tasks = latest_state(cli)["tasks"]  # the record: when the agent took each start and end
+                rec = latest_state(cli)
+                assert "all_started" in rec["phases"], rec["phases"]
+                tasks = rec["tasks"]  # the record: when the agent took each start and end
                 ended_first += any(t["ended_at"] < tasks[0]["started_at"] for t in tasks[1:])
             finally:
                 d = cli("down", timeout=120)
@@ -92,4 +94,4 @@ def test_detach_returns_when_a_short_task_ends_before_its_peer_starts(cli, tmp_p
             b.wait()
     print(f"\n{len(took)} detaches: {min(took):.2f}-{max(took):.2f} s, mean {sum(took) / len(took):.2f} s; in "
           f"{ended_first} a task ended before task 0's start was reported")
-    assert max(took) < 30, took
+    assert max(took) < 10, took  # the run ends after 20 s: a detach that waits for the end fails here

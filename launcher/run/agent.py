@@ -139,8 +139,8 @@ class Agent:
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
         for i in tasks:
             t = run.task(i)
-            t.state, t.exit_code, t.pid, t.create_time, t.heartbeat, t.progress = TaskState.PENDING, None, None, None, None, None
-            t.proc_status, t.restarts = None, number
+            t.state, t.exit_code, t.pid, t.create_time = TaskState.PENDING, None, None, None
+            t.heartbeat, t.progress, t.proc_status, t.restarts = None, None, None, number
         run.phases.setdefault("spawn_started", time.time())
         self.owner.save()
         live = self.current = LiveAttempt(number, tasks)
@@ -150,7 +150,8 @@ class Agent:
         for i, why in sorted(not_started.items()):  # every host's outcome: one must not hide another
             live.give_up(i)
             run.task(i).state = TaskState.FAILED
-            failure = failure or watch.task_failure(run, live, i, FailureKind.NOT_STARTED, f"could not be started: {why}")
+            failure = failure or watch.task_failure(run, live, i, FailureKind.NOT_STARTED,
+                                                    f"could not be started: {why}")
         self.owner.save()
         failure = failure or self.follow(live)
         if failure is None and live.preempted_at is None:
