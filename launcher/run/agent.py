@@ -22,7 +22,7 @@ from launcher.run import interrupts, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
 from launcher.run.failure import Failure, FailureKind, stop_words, with_stacks
 from launcher.run.output import Output
-from launcher.run.record import Attempt, Owner, run_path
+from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
 from launcher.run.states import RunState, TaskState
 from launcher.spec import ClusterSpec
@@ -30,7 +30,6 @@ from worker import protocol
 
 SAVE_EVERY_S = 1.0
 TICK_S = 0.5  # the agent wakes for events at once; this only paces its own checks (timeouts, grace)
-PROGRESS_LOG = "progress.jsonl"  # in the run's record folder: every progress record, for `report`
 
 
 class Agent:
