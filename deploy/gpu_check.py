@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         all_visible = ",".join(map(str, gpus))
         half = max(1, len(gpus) // 2)
         if len(gpus) == 1:  # NCCL takes one GPU per process: both share it over the ring collective
-            halves, extra_two = [all_visible, all_visible], ["--communication", "ring"]
+            halves, extra_two = [all_visible, all_visible], ["--collective", "ring"]
         else:
             halves = [",".join(map(str, gpus[:half])), ",".join(map(str, gpus[half:2 * half]))]
         print(f"GPUs here: {gpus}; worker GPUs for the second run: {halves}", flush=True)

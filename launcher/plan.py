@@ -81,7 +81,7 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     if t.local_replicas is not None:
         argv += ["--local-replicas", str(t.local_replicas)]
     if t.collective.value != "auto":
-        argv += ["--communication", t.collective.value]
+        argv += ["--collective", t.collective.value]
     return tuple(argv)
 
 

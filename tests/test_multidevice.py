@@ -127,7 +127,7 @@ def test_spec_passes_local_replicas_and_collective_to_the_worker():
     hosts = [{"address": "localhost", "port": 20000}]
     spec = parse_spec({"hosts": hosts, "training": {"entrypoint": "m:f", "local_replicas": 2, "collective": "ring"}})
     argv = worker_argv(spec, "python3")
-    assert argv[argv.index("--local-replicas") + 1] == "2" and argv[argv.index("--communication") + 1] == "ring"
+    assert argv[argv.index("--local-replicas") + 1] == "2" and argv[argv.index("--collective") + 1] == "ring"
     assert "--local-replicas" not in worker_argv(parse_spec({"hosts": hosts, "training": {"entrypoint": "m:f"}}), "p")
     for bad, words in (({"entrypoint": "m:f", "collective": "mpi"}, "'auto', 'ring' or 'nccl'"),
                        ({"entrypoint": "m:f", "local_replicas": 0}, "local_replicas"),

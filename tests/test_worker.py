@@ -200,7 +200,7 @@ def test_help_documents_the_flags():
     for flag in ("--entrypoint", "--epochs", "--steps-per-epoch", "--batch-size-per-replica",
                  "--learning-rate", "--scale-learning-rate", "--no-scale-learning-rate",
                  "--checkpoint-dir", "--tensorboard", "--mixed-precision", "--model-dir",
-                 "--run-dir", "--save-weights", "--communication", "TF_CONFIG", "MGPU_RUN_DIR"):
+                 "--run-dir", "--save-weights", "--collective", "TF_CONFIG", "MGPU_RUN_DIR"):
         assert flag in out, flag
 
 

@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-weights", metavar="PATH",
                    help="every task saves its final weights as .npz here; {task} becomes the "
                         "task index")
-    p.add_argument("--communication", choices=("auto", "ring", "nccl"), default="auto",
+    p.add_argument("--collective", choices=("auto", "ring", "nccl"), default="auto",
                    help="collective implementation between workers (auto: NCCL with GPUs, "
                         "else RING)")
     p.add_argument("--local-replicas", type=positive, metavar="N",
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every_steps=args.checkpoint_every_steps,
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,
-        communication=args.communication, local_replicas=args.local_replicas)
+        collective=args.collective, local_replicas=args.local_replicas)
     try:
         run(config)
     except (WorkerError, ImportError) as exc:

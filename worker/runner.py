@@ -50,7 +50,7 @@ class RunConfig:
     model_dir: str | None = None
     run_dir: str | None = None
     save_weights: str | None = None
-    communication: str = "auto"
+    collective: str = "auto"
     devices: Sequence[str] | None = None  # one worker: MirroredStrategy over these
     local_replicas: int | None = None  # replicas per worker on a CPU host (logical CPU devices)
 
@@ -109,7 +109,7 @@ def run(config: RunConfig) -> dict:
             set_mixed_precision(True)
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op, so the
         # entrypoint (which may index files with TensorFlow) is called only afterwards.
-        strategy = strategy_from_env(devices=config.devices, communication=config.communication,
+        strategy = strategy_from_env(devices=config.devices, collective=config.collective,
                                      local_replicas=config.local_replicas)
     task = load_entrypoint(config.entrypoint, entrypoint)
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from worker.errors import SettingError
+from worker.host.clock import wait_until
 
-COMMUNICATIONS = ("auto", "ring", "nccl")
+COLLECTIVES = ("auto", "ring", "nccl")
 FIX_TF_CONFIG = ("mgpu-cluster sets it for each task; when you set it yourself, give every task the same cluster "
                  "and its own index (or unset it to train in one process)")
 
@@ -211,32 +211,31 @@ def wait_for_chief(info: ClusterInfo, timeout: float = 60.0) -> bool:
     host, _, port = info.workers[0].rpartition(":")
     if not port.isdigit():  # not host:port: nothing to wait for, TensorFlow will say what is wrong
         return False
-    deadline = time.monotonic() + timeout
-    while True:
+    def listening() -> bool:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
             return True
         except OSError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
+            return False
+
+    return bool(wait_until(listening, timeout, 0.02))
 
 
-def strategy_from_env(devices: Sequence[str] | None = None, communication: str = "auto",
+def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "auto",
                       environ: Mapping[str, str] | None = None, local_replicas: int | None = None):
     """The strategy this task should use, from TF_CONFIG and the visible GPUs.
 
     More than one task in TF_CONFIG -> MultiWorkerMirroredStrategy (NCCL when GPUs are
-    visible, RING otherwise, or `communication`); one task -> MirroredStrategy over the local
+    visible, RING otherwise, or `collective`); one task -> MirroredStrategy over the local
     GPUs (or `devices`, e.g. ["/gpu:0", "/gpu:1"]); the default strategy on a CPU-only host.
     `local_replicas` > 1 on a host without GPUs splits the CPU into that many logical devices,
     one replica each (MirroredStrategy alone, else that many per worker); with GPUs it must
     equal their number. With several workers it also calls `quiet_device_datasets()` (unless
     MGPU_TF_DATA_AUTOTUNE=1), so that `fit` returns promptly.
     """
-    if communication not in COMMUNICATIONS:
-        raise ValueError(f"communication must be one of {', '.join(COMMUNICATIONS)}, "
-                         f"not {communication!r}")
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, "
+                         f"not {collective!r}")
     from worker import replicas as local
 
     tf = import_tensorflow()
@@ -251,10 +250,10 @@ def strategy_from_env(devices: Sequence[str] | None = None, communication: str =
             raise ValueError("devices= only applies to a single worker; under "
                              "MultiWorkerMirroredStrategy pick GPUs with CUDA_VISIBLE_DEVICES")
         impl = tf.distribute.experimental.CommunicationImplementation
-        if communication == "auto":
+        if collective == "auto":
             chosen = impl.NCCL if gpus else impl.RING
         else:
-            chosen = impl.NCCL if communication == "nccl" else impl.RING
+            chosen = impl.NCCL if collective == "nccl" else impl.RING
         options = tf.distribute.experimental.CommunicationOptions(implementation=chosen)
         if os.environ.get("MGPU_TF_DATA_AUTOTUNE", "0") != "1":
             quiet_device_datasets()
