@@ -28,7 +28,7 @@ from launcher.run.output import Output
 from launcher.specfile import load_spec
 from launcher.engines.base import EngineKind, Inspecting
 from launcher.run.tables import plain, render
-from worker.host import procs
+from worker.host import layout, procs
 from worker.host.system import free_space
 from launcher.run.states import RunState, TaskState
 from worker.protocol import EXIT_PREEMPTED
@@ -48,7 +48,7 @@ def _engine(run: record.RunRecord) -> Inspecting:
         why = f"{path} is missing" if isinstance(exc, FileNotFoundError) else str(exc)[:300]
         raise RunCorrupt(f"run {run.run_id}: the copy of its spec that the run keeps cannot be used, so its tasks' "
                          f"hosts are unknown ({why}). If its tasks may still run, stop them on their "
-                         f"hosts (their folders are under .mgpu/runs/{run.run_id}/); remove {path.parent} when done."
+                         f"hosts (their folders are under {layout.run_root('', run.run_id)}/); remove {path.parent} when done."
                          ) from None
     engine = engine_for(spec, run.run_id, landed=run)
     if not isinstance(engine, Inspecting):

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 from pydantic import Field, field_validator
 
+from worker.host import layout
 from launcher.specbase import EnvName, Devices, Port, _Model, _no_control, env_names  # noqa: F401
 
 # Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
@@ -205,8 +206,8 @@ def scheduler_problems(sched: Slurm | Kubernetes, local_replicas: int | None, ch
         return None
     if checkpoint_dir and "://" in checkpoint_dir and not checkpoint_dir.startswith("file://"):
         return None  # a URL (gs://, s3://) is shared storage
-    mount = f"{sched.workdir.rstrip('/')}/.mgpu"
-    where = posixpath.normpath(posixpath.join(sched.workdir, checkpoint_dir or ".mgpu/runs"))
+    mount = posixpath.normpath(layout.mgpu_dir(sched.workdir))
+    where = posixpath.normpath(posixpath.join(sched.workdir, checkpoint_dir or layout.run_root("", "")))
     if sched.volume_claim and where.startswith(mount + "/"):
         return None
     return ("training.checkpoint_dir: with several pods the checkpoint must be on storage every pod shares (a pod "

@@ -54,7 +54,7 @@ def supervised(run_dir: Path, script: str, *args: str, env_stdin: bool = False) 
 
 def pod(run: Path, script: str, *args: str) -> subprocess.Popen:
     """The on-host core of a Kubernetes pod (task 0 of 1), its records in an events file."""
-    return subprocess.Popen([PY, "-m", "worker.task.pod", "--run-dir", str(run), "--hosts", "localhost",
+    return subprocess.Popen([PY, "-m", "worker.task.pod", "--run-id", "r1", "--run-dir", str(run), "--hosts", "localhost",
                              "--workers", "1", "--port", str(free_port()), *args, "--", PY, "-c", script],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
                             env={**os.environ, "JOB_COMPLETION_INDEX": "0"})

@@ -204,7 +204,7 @@ class Agent:
         """A hang: every live task's stacks taken before anything is stopped; the hung one's in its failure."""
         if failure.kind != FailureKind.HUNG:
             return failure
-        tasks = [(i, self.run.host_of(i)[0], self.run.task(i).pid) for i in live.live]
+        tasks = [(i, self.run.host_of(i)[0], self.run.task(i).pid, self.run.task(i).create_time) for i in live.live]
         return with_stacks(failure, at_hang(self.engine, tasks, failure.task, self.out))
 
     def conclude(self, live: LiveAttempt, failure: Failure | None) -> Attempt:

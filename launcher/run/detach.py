@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.run import record
-from launcher.errors import Interrupted, RunFailed, RunNotFound
+from launcher.run import files, record
+from launcher.errors import Interrupted, RunCorrupt, RunFailed, RunNotFound
 from launcher.run.output import Output
 from launcher.run.states import RunState
 from worker.host.clock import wait_until
@@ -79,9 +79,9 @@ def _load(run_id: str) -> record.RunRecord | None:
 
 def _tail(path: Path) -> str:
     try:
-        return path.read_text(errors="replace")[-3000:]
-    except OSError as exc:
-        return f"(its output {path} cannot be read: {exc.strerror or exc})"
+        return files.read_file(path, limit=3000, newest=True).decode("utf-8", "replace")
+    except (OSError, RunCorrupt) as exc:
+        return f"(its output {path} cannot be read: {getattr(exc, 'strerror', None) or exc})"
 
 
 def _move(out_path: Path, run_id: str) -> None:

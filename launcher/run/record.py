@@ -23,6 +23,7 @@ from launcher.run import fields, files
 from launcher.run.failure import Failure
 from launcher.run.lock import Lock
 from launcher.run.states import AttemptOutcome, RunState, TaskState
+from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
 
@@ -195,7 +196,7 @@ def load(run_id: str | None = None) -> RunRecord:
     except (ValueError, KeyError, TypeError, RecursionError, MemoryError) as exc:  # not UTF-8 is a ValueError too
         raise RunCorrupt(f"run {run_id}: {path} is corrupt ({type(exc).__name__}: {str(exc)[:120]}), so its state "
                          f"is unknown. If its tasks may still run, stop them on their hosts (their folders are "
-                         f"under .mgpu/runs/{run_id}/); remove {path.parent} when done. Other runs are not "
+                         f"under {layout.run_root('', run_id)}/); remove {path.parent} when done. Other runs are not "
                          "affected.") from None
 
 

@@ -37,8 +37,9 @@ def collect(run: RunRecord, live: LiveAttempt, seconds: float, say: Say) -> None
             task.exit_code, task.ended_at = getattr(ev, "code", None), time.time()
             if isinstance(ev, protocol.Exit) and (ev.notice or ev.code == protocol.EXIT_PREEMPTED):
                 task.state = TaskState.PREEMPTED
-            elif task.state in (TaskState.PENDING, TaskState.RUNNING):
-                task.state = TaskState.STOPPED if isinstance(ev, protocol.Exit) else TaskState.LOST
+            elif task.state in (TaskState.PENDING, TaskState.RUNNING):  # one stopped before it started: stopped
+                lost = isinstance(ev, protocol.Lost) and task.state == TaskState.RUNNING
+                task.state = TaskState.LOST if lost else TaskState.STOPPED
         elif isinstance(ev, protocol.Started):
             watch.apply(run, live, index, ev)
         elif isinstance(ev, protocol.Note):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -31,9 +33,14 @@ READ_MAX_BYTES = 16 << 20  # one read of a log: `logs -f` reads on from where it
 def read_log(path: Path, offset: int, tail: int | None = None) -> tuple[bytes, int]:
     """A log from byte `offset` (at most READ_MAX_BYTES of it), or its last `tail` lines: (bytes, next offset).
     Bytes as written: the reader decodes them (a character split between two reads stays whole).
-    FileNotFoundError when there is no log (yet); another OSError when it cannot be read."""
-    with open(path, "rb") as log:
-        size = os.fstat(log.fileno()).st_size
+    FileNotFoundError when there is no log (yet); another OSError when it cannot be read (a FIFO or a folder
+    in its place too: never waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as log:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        size = info.st_size
         if tail is None:
             log.seek(min(offset, size))
             data = log.read(READ_MAX_BYTES)

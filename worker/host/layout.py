@@ -36,6 +36,7 @@ STALE = (EXIT_CODE, PROGRESS, PID, TASK_INFO)  # an earlier attempt's, removed b
 ENV = "env.json"  # the launcher's part of every task's environment
 ALIVE = "launcher.alive"  # touched by the launcher; stale once it is gone (the tasks' lifeline)
 
+_INDEX = re.compile(r"^(0|[1-9][0-9]{0,8})$")  # ASCII digits, no leading zero: one spelling per index
 _TASK = re.compile(r"^task-(0|[1-9][0-9]{0,8})$")
 _EVENTS = re.compile(r"^events-(0|[1-9][0-9]{0,8})\.jsonl$")
 
@@ -61,6 +62,11 @@ def local_run_root(record_dir: Path) -> Path:
 
 def task_dir(root: P, index: int) -> P:
     return _join(root, f"task-{index}")
+
+
+def index_of(text: str) -> int | None:
+    """A task index written as text ('3' -> 3); None for '03', '²', '-1', ' 3' or anything else."""
+    return int(text) if _INDEX.match(text) and text.isascii() else None
 
 
 def task_index(name: str) -> int | None:

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
-    rank = layout.task_index(f"task-{os.environ.get('JOB_COMPLETION_INDEX', '')}")  # ASCII digits, no leading 0
+    rank = layout.index_of(os.environ.get("JOB_COMPLETION_INDEX", ""))
     if rank is None or rank >= args.workers:
         print(f"mgpu pod: JOB_COMPLETION_INDEX is {os.environ.get('JOB_COMPLETION_INDEX')!r}, not one of "
               f"0..{args.workers - 1}: this command runs in the pods of an Indexed Job (the JobSet that "
