@@ -29,6 +29,7 @@ from launcher.specfile import load_spec
 from launcher.engines.base import EngineKind, Inspecting
 from launcher.run.tables import plain, render
 from worker.host import layout, procs
+from worker.host.clock import wait_until
 from worker.host.system import free_space
 from launcher.run.states import RunState, TaskState
 from worker.protocol import EXIT_PREEMPTED
@@ -171,7 +172,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
         tasks.append({
             "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
             "state": str(state), "exit_code": t.exit_code if code is None else code,
-            "restarts": t.restarts, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
+            "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
             "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
@@ -263,9 +264,7 @@ def _ask_launcher(run: record.RunRecord, out: Output) -> None:
         pass
     out.say(f"asking the launcher of run {run.run_id} (pid {proc.pid}) to stop every task")
     proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + DOWN_WAIT_S
-    while record.launcher_alive(run) and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not record.launcher_alive(run), DOWN_WAIT_S, 0.1)
 
 
 def down(run_id: str | None) -> None:

@@ -18,6 +18,15 @@ pytest_plugins = ["slurm_fixtures"]  # a real slurmctld + slurmd cluster (deploy
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
+# a test that uses one of these starts real tasks, hosts or a Slurm cluster: marked `cluster`, so that
+# `pytest -m "not cluster"` runs the pure and single-process tests alone (about a minute)
+CLUSTER_FIXTURES = {"cli", "th", "fresh", "slurm_cluster", "make_slurm_cluster"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
 
 
 def free_port() -> int:
@@ -71,6 +80,21 @@ def command_lines_with(*needles: str) -> list[str]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """A process with this pid runs (a zombie does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def status_json(cli, *args) -> dict:
+    """`mgpu-cluster status --json [ARGS]`, which must succeed."""
+    r = cli("status", "--json", *args, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
 def wait_for(cond, timeout: float, what: str):
     """Poll cond() until it returns something true; fail naming `what` after `timeout` seconds."""
     deadline = time.time() + timeout
@@ -106,12 +130,25 @@ DIGITS = 'entrypoint = "worker.examples.digits:task"'
 
 
 def write_spec(tmp_path: Path, training: str = DIGITS, n: int = 2, launch: str = "", extra: str = "",
-               env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"', name: str = "cluster.toml") -> Path:
-    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\n' for _ in range(n))
+               env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"', name: str = "cluster.toml", each: str = "") -> Path:
+    """A spec of `n` local hosts on free ports; `each`: keys of every host, {i} for its index."""
+    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\n' + each.format(i=i) for i in range(n))
     text = (f'[defaults]\ngpus = "none"\nenv = {{ {env} }}\n{extra}'
             f"{hosts}[training]\n{training}\n[launch]\n{launch}\n")
     path = tmp_path / name
     path.write_text(text)
+    return path
+
+
+def write_slurm_spec(tmp_path: Path, training: str, slurm: str = "", launch: str = "", nodes: int = 2,
+                     partition: str = "debug", env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"') -> Path:
+    """A [slurm] spec whose workdir is tmp_path/shared (every node sees it: the namespaces share the disk)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'[slurm]\nnodes = {nodes}\nworkdir = "{shared}"\npartition = "{partition}"\n'
+                    f'python = "{sys.executable}"\nenv = {{ {env} }}\n{slurm}\n'
+                    f"[training]\n{training}\n[launch]\n{launch}\n")
     return path
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import latest_state, write_spec
+from conftest import latest_state, status_json, write_spec
 
 from launcher.run import watch
 from launcher.run.attempt import LiveAttempt
@@ -60,11 +60,6 @@ def test_a_task_that_never_started_fails_on_start_timeout_and_stays_live_for_the
     assert failure.kind == FailureKind.NOT_STARTED and failure.task == 1 and "start_timeout = 5 s" in failure.message
     assert run.task(1).state == TaskState.FAILED and live.live == [0, 1]
 
-
-def status_json(cli, *args) -> dict:
-    r = cli("status", "--json", *args, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)
 
 
 def test_detach_returns_when_a_short_task_ends_before_its_peer_starts(cli, tmp_path):

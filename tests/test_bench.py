@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, wait_gone
 
 QUICK = ("`mgpu-cluster --help`", "launcher overhead", "`check` of 50 local tasks", "scaling, 2 workers / 1",
@@ -12,6 +14,7 @@ QUICK = ("`mgpu-cluster --help`", "launcher overhead", "`check` of 50 local task
 SKIPPED = ("launch scaling over SSH", "`status --json`, 16 SSH hosts", "peer: Ray Train")  # not in quick mode
 
 
+@pytest.mark.cluster
 def test_quick_bench_writes_table_plot_and_numbers(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import DIGITS, free_port, latest_state, wait_for, wait_gone, write_spec
+from conftest import DIGITS, latest_state, wait_for, wait_gone, write_spec
 from launcher.diagnose import report, stacks
 from launcher.diagnose.straggler import find
 from worker.stacks import dump, parse
@@ -129,11 +129,8 @@ def test_report_of_a_run_still_going_draws_its_open_attempt_up_to_the_newest_pro
 # --------------------------------------------------------------------------- real runs
 
 def spec_pinned(tmp_path: Path, epochs: int, launch: str = "") -> Path:
-    hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\ncpus = [{i}]\n' for i in range(2))
-    path = tmp_path / "cluster.toml"
-    path.write_text(f'[defaults]\ngpus = "none"\nenv = {{ TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.5" }}\n'
-                    f"{hosts}[training]\n{DIGITS}\nepochs = {epochs}\n[launch]\n{launch}\n")
-    return path
+    return write_spec(tmp_path, f"{DIGITS}\nepochs = {epochs}", launch=launch, each="cpus = [{i}]\n",
+                      env='TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.5"')
 
 
 def training(cli):

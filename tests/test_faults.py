@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import command_lines_with, latest_state, launcher_traceback, wait_for, wait_gone, write_spec
+from conftest import alive, command_lines_with, latest_state, launcher_traceback, wait_for, wait_gone, write_spec
 
 SLEEP = 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
 
@@ -25,12 +25,6 @@ def script(tmp_path: Path, name: str, text: str) -> str:
 def state_of(cli, run_id: str) -> dict:
     return json.loads((cli.home / "runs" / run_id / "state.json").read_text())
 
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def slow_python(tmp_path: Path, seconds: float) -> str:

@@ -73,6 +73,7 @@ def test_a_disk_that_fills_mid_run_or_a_deleted_folder_loses_no_exit_code(cli, t
     assert not wait_gone(cli.home, 5)
 
 
+@pytest.mark.cluster
 @needs_root
 def test_mgpu_home_filling_mid_run_is_said_once_and_status_still_answers(tmp_path, small_disk):
     cli = Cli(small_disk / "home", tmp_path)

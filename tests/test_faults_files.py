@@ -181,6 +181,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.cluster
 @needs_root
 def test_a_home_that_fills_before_the_end_keeps_how_the_run_ended(tmp_path):
     with tmpfs(tmp_path / "disk", "2m") as disk:

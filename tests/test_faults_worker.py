@@ -79,6 +79,7 @@ def gone(pid: int) -> bool:
 
 # ---------------------------------------------------------------- 1. what a training writes is untrusted
 
+@pytest.mark.cluster
 def test_a_deeply_nested_progress_json_is_no_progress_and_no_crash(tmp_path):
     writes = NESTED + ['{"state": "training", "global_step": 3}']
     script = ("import os, sys, time; p = os.path.join(os.environ['MGPU_RUN_DIR'], 'progress.json')\n"
@@ -185,6 +186,7 @@ def test_an_events_file_deleted_with_its_folder_is_made_again_and_gets_the_exit(
     assert [ev.code for ev in of_kind(events, protocol.Exit)] == [3], events
 
 
+@pytest.mark.cluster
 @needs_root
 def test_a_record_torn_by_a_full_disk_does_not_swallow_the_exit(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as disk:

@@ -269,6 +269,7 @@ def netns_hosts_files(pods_hosts):
         shutil.rmtree(Path("/etc/netns") / h.netns, ignore_errors=True)
 
 
+@pytest.mark.cluster
 def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_path):
     with running(pods(netns_hosts_files, tmp_path, {
             "entrypoint": "worker.examples.digits:task", "epochs": 2, "batch_size_per_replica": 32})) as procs:
@@ -280,6 +281,7 @@ def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_p
         assert '"event": "started"' in events and '"code": 0' in events
 
 
+@pytest.mark.cluster
 def test_sigterm_to_a_pod_saves_and_exits_75_and_the_pods_started_again_resume(netns_hosts_files, tmp_path):
     ckpt = tmp_path / "pods" / ".mgpu" / "runs" / RUN / "checkpoint"  # the run folder's (here every pod sees it)
     each = pods(netns_hosts_files, tmp_path, {"entrypoint": "worker.examples.digits:task", "epochs": 3})

@@ -40,6 +40,7 @@ def alone(tmp_path_factory):
                           [*DIGITS, "--batch-size-per-replica", "64", "--learning-rate", "0.004"], n=1))
 
 
+@pytest.mark.cluster
 def test_one_host_with_two_local_replicas_trains_with_mirrored_strategy(tmp_path, alone):
     one = run_ok(Workers(tmp_path / "run", [*DIGITS, "--local-replicas", "2", "--batch-size-per-replica", "32"],
                          n=1))
@@ -65,6 +66,7 @@ def test_two_workers_with_two_local_replicas_each_train_four_in_sync(cli, tmp_pa
     assert "replicas in sync: 4 over 2 worker(s)" in cli("status", timeout=60).stdout
 
 
+@pytest.mark.cluster
 def test_preempted_four_replica_run_resumes_at_the_step_it_saved(run):  # noqa: F811
     local = ["--local-replicas", "2", "--batch-size-per-replica", "16"]  # 4 x 16: the same 22 steps an epoch
     with start(run, 0, *local, SLOW="0.05") as first:
@@ -80,6 +82,7 @@ def test_preempted_four_replica_run_resumes_at_the_step_it_saved(run):  # noqa: 
     assert_same_weights(run)
 
 
+@pytest.mark.cluster
 def test_the_private_local_devices_hook_fails_loudly_where_tensorflow_moved_it():
     code = ("from tensorflow.python.distribute import collective_all_reduce_strategy as c\n"
             "from worker.replicas import LocalReplicasUnsupported, cpu_local_devices\n"

@@ -5,9 +5,12 @@ import subprocess
 import sys
 import venv
 
+import pytest
+
 from conftest import REPO, write_spec
 
 
+@pytest.mark.cluster
 def test_launcher_installs_and_runs_without_tensorflow(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

@@ -118,6 +118,7 @@ def assert_resumed_at(workers: Workers, attempt: int, saved: int) -> None:
         assert trained(workers, i, attempt) == EPOCHS * STEPS - saved  # no step twice
 
 
+@pytest.mark.cluster
 def test_sigterm_to_one_worker_saves_on_both_at_one_step_and_resumes_there(run):
     with start(run, 0, SLOW="0.05") as first:
         wait_until(first, lambda: mid_epoch_2(first, 1))
@@ -145,6 +146,7 @@ def test_sigterm_to_one_worker_saves_on_both_at_one_step_and_resumes_there(run):
     assert_prompt_end(second)
 
 
+@pytest.mark.cluster
 def test_sigterm_to_both_at_once_agrees_on_one_step(run):
     # Slurm and `down` signal every task: both claim a step, the first claim stands
     with start(run, 0, SLOW="0.05") as workers:
@@ -164,6 +166,7 @@ def listening(pid: int) -> bool:
     return any(c.status == psutil.CONN_LISTEN for c in conns)
 
 
+@pytest.mark.cluster
 def test_sigterm_while_waiting_for_peers_is_kept(run):
     # TensorFlow's own SIGTERM handler, in place while the strategy waits for its peers, drops
     # the signal; the runner holds it back until its handler is in place
@@ -176,6 +179,7 @@ def test_sigterm_while_waiting_for_peers_is_kept(run):
     assert "SIGTERM caught" not in workers.log(1)
 
 
+@pytest.mark.cluster
 def test_periodic_checkpoint_is_where_a_killed_group_resumes(run):
     with start(run, 0, "--checkpoint-every-steps", "5", PAUSE_AT="32") as first:
         wait_until(first, lambda: all(progress(first, i).get("global_step") == 32
@@ -187,6 +191,7 @@ def test_periodic_checkpoint_is_where_a_killed_group_resumes(run):
     assert_same_weights(run)
 
 
+@pytest.mark.cluster
 def test_one_worker_saves_at_once_on_sigterm(run):
     with start(run, 0, n=1, SLOW="0.05") as workers:
         wait_until(workers, lambda: mid_epoch_2(workers, 0))
@@ -197,6 +202,7 @@ def test_one_worker_saves_at_once_on_sigterm(run):
     assert f"saved a checkpoint at global step {p['global_step']} on notice" in workers.log(0)
 
 
+@pytest.mark.cluster
 def test_a_failure_is_not_a_preemption(run, tmp_path):
     with start(run, 0, EXIT_AT="25") as workers:
         assert workers.wait(60) == [3, 3], workers.tails()

@@ -127,6 +127,7 @@ print(json.dumps({"calls": calls, "problems": [c.problems for c in checks], "sai
 """
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(os.geteuid() != 0 and not IN_CI, reason="needs root to make network namespaces and run sshd")
 def test_ssh_preflight_is_one_command_per_host(tmp_path):
     sys.path.insert(0, str(REPO / "deploy"))

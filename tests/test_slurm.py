@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import launcher_traceback, latest_state, run_processes, wait_for, wait_gone
+from conftest import write_slurm_spec, launcher_traceback, latest_state, run_processes, status_json, wait_for, wait_gone
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
 from launcher.engines.slurm.follow import POLL_S, Follower
@@ -74,6 +74,7 @@ def test_tf_config_keeps_slurms_node_order_and_uses_addresses():
                    "MGPU_RUN_DIR": "/x/task-1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.cluster
 def test_tf_config_round_trips_through_tensorflow(monkeypatch):
     tf = pytest.importorskip("tensorflow")
     nodes, addrs = ["node2", "node10"], {"node2": "10.1.0.2", "node10": "10.1.0.10"}
@@ -193,6 +194,7 @@ def _record(ev) -> bytes:
     return protocol.encode(ev)
 
 
+@pytest.mark.cluster
 def test_follower_tails_events_files_into_the_pump(tmp_path):
     """Records written in pieces reach the sink whole and in order; exits of one round go in the order they
     happened; a task with no Exit is Lost once the job is over and the settle time passed."""
@@ -370,24 +372,14 @@ def sc(slurm_cluster, cli):
 
 def write_spec(tmp_path: Path, training: str, slurm: str = "", launch: str = "", nodes: int = 2,
                partition: str = "debug") -> Path:
-    shared = tmp_path / "shared"  # every node sees it (the namespaces share the file system)
-    shared.mkdir(exist_ok=True)
-    path = tmp_path / "cluster.toml"
-    path.write_text(f'[slurm]\nnodes = {nodes}\nworkdir = "{shared}"\npartition = "{partition}"\npython = "{PY}"\n'
-                    f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2", MY_TOKEN = "hunter2" }}\n{slurm}\n'
-                    f"[training]\n{training}\n[launch]\n{launch}\n")
-    return path
+    return write_slurm_spec(tmp_path, training, slurm, launch, nodes, partition,
+                            env='TF_CPP_MIN_LOG_LEVEL = "2", MY_TOKEN = "hunter2"')
 
 
 def digits(*extra: str) -> str:
     return "command = " + json.dumps([PY, *DIGITS, "--batch-size-per-replica", "32", "--learning-rate", "0.002",
                                       *extra])
 
-
-def status_json(cli) -> dict:
-    r = cli("status", "--json", timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def progress(task: dict) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launcher_traceback, latest_state, wait_for, wait_gone
+from conftest import write_slurm_spec, launcher_traceback, latest_state, status_json, wait_for, wait_gone
 
 PY = sys.executable
 
@@ -28,15 +28,10 @@ def sc(make_slurm_cluster, cli):
 
 
 def write_spec(tmp_path: Path, epochs: int, slurm: str = "", launch: str = "") -> Path:
-    shared = tmp_path / "shared"
-    shared.mkdir(exist_ok=True)
     command = [PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", str(epochs),
-               "--steps-per-epoch", "40", "--batch-size-per-replica", "8", "--checkpoint-dir", str(shared / "ckpt")]
-    path = tmp_path / "cluster.toml"
-    path.write_text(f'[slurm]\nnodes = 2\nworkdir = "{shared}"\npartition = "debug"\npython = "{PY}"\n'
-                    f'env = {{ TF_CPP_MIN_LOG_LEVEL = "2" }}\n{slurm}\n[training]\ncommand = {json.dumps(command)}\n'
-                    f"[launch]\npreempt_grace = 15\n{launch}\n")
-    return path
+               "--steps-per-epoch", "40", "--batch-size-per-replica", "8", "--checkpoint-dir",
+               str(tmp_path / "shared" / "ckpt")]
+    return write_slurm_spec(tmp_path, f"command = {json.dumps(command)}", slurm, f"preempt_grace = 15\n{launch}")
 
 
 def training_at(cli, epoch: int):
@@ -52,11 +47,6 @@ def training_at(cli, epoch: int):
             return None
     return st
 
-
-def status_json(cli) -> dict:
-    r = cli("status", "--json", timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def nothing_left(sc, cli, run_id: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, Cli, command_lines_with, latest_state, reap, run_processes, wait_for, wait_gone
+from conftest import IN_CI, REPO, Cli, alive, command_lines_with, latest_state, reap, run_processes, status_json, wait_for, wait_gone
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -164,17 +164,6 @@ def all_progressing(cli, tmp_path):
     return st
 
 
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def status_json(cli, *args) -> dict:
-    r = cli("status", "--json", *args, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)
 
 
 def nothing_started(tmp_path: Path, cli) -> None:
@@ -299,7 +288,7 @@ def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
                                  ready_timeout=120, timeout=180)
         detected = time.time() - t0
         # the cut host cannot hear the launcher: its supervisor's lifeline stops the task by itself
-        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
     finally:
         th.restore(victim)
     assert code == 1, out
@@ -324,7 +313,7 @@ def test_ctrl_c_with_a_host_cut_off_says_which_tasks_were_stopped(cli, th, tmp_p
     try:
         code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), cut_then_interrupt,
                                  "2 tasks progressing", ready_timeout=120, timeout=180)
-        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
     finally:
         th.restore(victim)
     assert code == 130 and "Traceback" not in out, out
@@ -599,6 +588,7 @@ def test_stopped_or_killed_launcher_stops_remote_tasks(cli, th, tmp_path, sig):
         assert status_json(cli)["state"] == "lost"
 
 
+@pytest.mark.cluster
 @needs_root
 def test_more_tasks_on_one_host_than_sshd_allows_sessions(tmp_path):
     """sshd's MaxSessions (10 by default) caps sessions per connection: more connections take the rest."""
@@ -794,7 +784,7 @@ def test_down_with_a_host_cut_off_records_what_it_could_not_reach(cli, th, tmp_p
     th.cut(victim)
     try:
         down = cli("down", timeout=180)
-        wait_for(lambda: not any(running(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
     finally:
         th.restore(victim)
     out = down.stdout + down.stderr

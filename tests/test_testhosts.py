@@ -7,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, alive
+
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts, TestHostsError, render_cluster_toml  # noqa: E402
 
@@ -25,12 +25,6 @@ needs_root = pytest.mark.skipif(
 def ssh(th, i, command, **kw):
     return subprocess.run(th.ssh_argv(i, command), capture_output=True, text=True, timeout=20, **kw)
 
-
-def alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import DIGITS, REPO, launcher_traceback, latest_state, run_processes, wait_for, wait_gone, write_spec
+from conftest import DIGITS, REPO, launcher_traceback, latest_state, run_processes, status_json, wait_for, wait_gone, write_spec
 
 
 
@@ -32,11 +32,6 @@ def all_training(cli):
         return st
     return None
 
-
-def status_json(cli, *args) -> dict:
-    r = cli("status", "--json", *args, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def test_example_cluster_trains_and_status_shows_it(cli):

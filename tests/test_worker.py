@@ -269,6 +269,7 @@ def digits_run(tmp_path_factory):
     return workers
 
 
+@pytest.mark.cluster
 def test_two_workers_reach_90_percent_with_identical_weights(digits_run):
     final = [read_progress(str(digits_run.task_dir(i))) for i in range(2)]
     assert [f["state"] for f in final] == ["done", "done"]
@@ -312,6 +313,7 @@ def test_end_of_fit_is_prompt(digits_run):
     assert_prompt_end(digits_run)
 
 
+@pytest.mark.cluster
 def test_one_worker_with_the_same_global_batch_is_within_2_points(digits_run, tmp_path):
     # no TF_CONFIG at all: one process, default strategy on CPU. Same global batch (64) and
     # the same learning rate as the two workers after their warm-up (2 x 0.002).
@@ -348,6 +350,7 @@ def task():
 '''
 
 
+@pytest.mark.cluster
 def test_killed_group_resumes_at_the_next_epoch(tmp_path):
     (tmp_path / "pausing.py").write_text(PAUSING_ENTRYPOINT)  # found through the cwd
     run = tmp_path / "run"
@@ -385,6 +388,7 @@ def test_killed_group_resumes_at_the_next_epoch(tmp_path):
 
 # --- every example: a short two-worker training ----------------------------------------------
 
+@pytest.mark.cluster
 def test_example_mnist_from_a_local_npz(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "mnist.npz",
@@ -403,6 +407,7 @@ def test_example_mnist_from_a_local_npz(tmp_path):
     assert_prompt_end(workers)
 
 
+@pytest.mark.cluster
 def test_example_reuters_with_only_tf_config(tmp_path):
     rng = np.random.default_rng(1)
 
@@ -424,6 +429,7 @@ def test_example_reuters_with_only_tf_config(tmp_path):
     assert_prompt_end(workers)
 
 
+@pytest.mark.cluster
 def test_example_images_fine_tunes_mobilenet_on_a_folder(tmp_path):
     from PIL import Image
 
@@ -447,6 +453,7 @@ def test_example_images_fine_tunes_mobilenet_on_a_folder(tmp_path):
     assert_prompt_end(workers)
 
 
+@pytest.mark.cluster
 def test_example_custom_script_for_command_users(tmp_path):
     workers = run_ok(Workers(tmp_path / "run", [], env={"EPOCHS": "1"},
                              argv=[sys.executable, "-m", "worker.examples.custom_script"]))

@@ -139,7 +139,7 @@ class Agent:
         for i in tasks:
             t = run.task(i)
             t.state, t.exit_code, t.pid, t.create_time = TaskState.PENDING, None, None, None
-            t.heartbeat, t.progress, t.proc_status, t.restarts = None, None, None, number
+            t.heartbeat, t.progress, t.proc_status, t.attempt = None, None, None, number
         run.phases.setdefault("spawn_started", time.time())
         self.owner.save()
         live = self.current = LiveAttempt(number, tasks)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import time
 from pathlib import Path
 
 from launcher.errors import HomeError, MgpuError, PreflightError
-from launcher.home import mgpu_home
+from launcher.home import PORTS, mgpu_home
 from launcher.plan import TaskPlan
+from worker.host.clock import wait_until
 from launcher.run.files import read_file
 
 
@@ -31,17 +31,18 @@ class Lock:
                 fd = os.open(self.path, os.O_RDONLY)
             except OSError:
                 raise exc from None
-        deadline = time.monotonic() + timeout
-        while True:
+        def taken() -> bool:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.fd = fd
                 return True
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return False
-                time.sleep(0.05)
+                return False
+
+        if not wait_until(taken, timeout, 0.05):
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
 
     def release(self) -> None:
         if self.fd is not None:
@@ -52,7 +53,7 @@ class Lock:
 def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
     """Hold host:port of every task for this run (released when the launcher ends, even by kill -9):
     a second `up` on the same port is refused, naming the run that holds it, before anything starts."""
-    folder = mgpu_home() / "ports"
+    folder = mgpu_home() / PORTS
     held, problems = [], []
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)

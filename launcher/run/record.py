@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
-from launcher.home import mgpu_home
+from launcher.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
+from launcher.home import run_folder as run_path
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
@@ -28,7 +27,6 @@ from worker.host.files import write_private
 from worker.host.system import free_space
 
 VERSION = 3
-RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 STATE = "state.json"
 PROGRESS_LOG = "progress.jsonl"  # every progress record (appended by the agent), for `report`
 UNSAVED = "unsaved.json"  # room reserved at the start: what the launcher knows when state.json cannot be written
@@ -46,7 +44,7 @@ class TaskRecord:
     create_time: float | None = None
     supervisor_pid: int | None = None
     exit_code: int | None = None
-    restarts: int = 0
+    attempt: int = 0  # the attempt it last took part in (the run's failure restarts are RunRecord.restarts)
     started_at: float | None = None
     ended_at: float | None = None
     heartbeat: float | None = None  # when its progress last changed (launcher's clock)
@@ -142,34 +140,6 @@ class OldVersion(ValueError):
 
 
 # --------------------------------------------------------------------------- where runs live
-
-def runs_dir(create: bool = False) -> Path:
-    path = mgpu_home() / "runs"
-    if create:
-        try:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            probe = path / f".write-test-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise HomeError(
-                f"cannot write run records to {path}: {exc.strerror or exc}. mgpu-cluster keeps its runs under "
-                "$MGPU_HOME (default ~/.local/state/mgpu-cluster); set MGPU_HOME to a folder you can write "
-                f"(e.g. 'export MGPU_HOME=$HOME/.mgpu'), or fix the permissions of {path}.") from None
-    return path
-
-
-def new_run_id() -> str:
-    """Start time, then 4 hex digits: the millisecond (high 10 bits) and 6 random bits, so that ids sort
-    in start order even for runs started within one second (`down` without a run id takes the last)."""
-    now = time.time()
-    suffix = int(now % 1 * 1000) << 6 | secrets.randbelow(64)
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{suffix:04x}"
-
-
-def run_path(run_id: str) -> Path:
-    return runs_dir() / run_id
-
 
 def latest_id() -> str:
     ids = sorted(p.name for p in runs_dir().glob("*") if RUN_ID.match(p.name) and (p / STATE).exists())
