@@ -16,12 +16,43 @@ from launcher.errors import MgpuError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,  # plain help: rich's markdown and pygments cost ~0.1 s per start
     help="Launch and orchestrate multi-worker TensorFlow training from one cluster.toml.",
 )
 
-SpecArg = typer.Argument(..., help="The cluster spec (TOML).", show_default=False)
-RunArg = typer.Argument(None, help="Run id; the latest run when left out.", show_default=False)
+SpecArg = typer.Argument(..., help="The cluster spec (TOML).", show_default=False, metavar="SPEC")
+RunArg = typer.Argument(None, help="Run id; left out, the newest run that got past its preflight ('ls' lists "
+                        "them).", show_default=False, metavar="RUN")
+TaskOpt = typer.Option(None, "--task", help="Only this task.", metavar="N")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mgpu-cluster {version('mgpu-cluster')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                    help="Print the version and exit.")):
+    """Launch and orchestrate multi-worker TensorFlow training from one cluster.toml."""
+
+
+_said: list[str] = []  # which run a command without a run id took, said once it succeeded
+
+
+def _which(run: str | None) -> str:
+    """The run a command acts on. Without a run id, which one it took is said on stderr (stdout may be JSON)
+    when the command succeeds; a failure's paragraph names the run itself, and stays one paragraph."""
+    from launcher.listing import choose
+
+    chosen = choose(run)
+    if chosen.said:
+        _said.append(f"mgpu-cluster | {chosen.said}")
+    return chosen.run_id
 
 
 @app.command()
@@ -31,11 +62,113 @@ def check(spec: Path = SpecArg):
 
     upmod.check(spec)
 
+@app.command()
+def up(
+    spec: Path = SpecArg,
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return once every task runs."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
+):
+    """Check SPEC, start every task, stream their output, stop all on the first failure."""
+    from launcher import up as upmod
+
+    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id)
+
+@app.command("ls")
+def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):
+    """List the runs recorded on this machine, newest first: state, engine, tasks, start, duration, spec."""
+    from launcher import listing
+
+    listing.ls(as_json=as_json)
+
+
+@app.command()
+def status(
+    run: Optional[str] = RunArg,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every 2 s until the run ends."),
+    probe: bool = typer.Option(False, "--probe", help="Ask every host now (GPU use too), not the launcher's record."),
+):
+    """Show every task of a run: state, progress, heartbeat, CPU and memory."""
+    from launcher import runs
+
+    runs.status(_which(run), as_json=as_json, watch=watch, probe=probe)
+
+@app.command()
+def logs(
+    run: Optional[str] = RunArg,
+    task: Optional[int] = TaskOpt,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last K lines of each task.",
+                                       metavar="K", min=0),
+):
+    """Print the workers' logs of a run."""
+    from launcher import runs
+
+    runs.logs(_which(run), task=task, follow=follow, tail=tail)
+
+@app.command()
+def stacks(
+    run: Optional[str] = RunArg,
+    task: Optional[int] = TaskOpt,
+):
+    """Print the Python stacks of every live task (py-spy on its host); exit 1 naming tasks without."""
+    from launcher.diagnose import commands
+
+    commands.stacks(_which(run), task=task)
+
+@app.command()
+def report(
+    run: Optional[str] = RunArg,
+    out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="PNG",
+                                       help="The PNG to write (default: report.png in the run's folder)."),
+):
+    """Draw one PNG of a run: samples/s and step time per task, attempts, phases (needs matplotlib)."""
+    from launcher.diagnose import commands
+
+    commands.report(_which(run), out)
+
+@app.command()
+def down(run: Optional[str] = RunArg):
+    """Stop every task of a run (safe to repeat)."""
+    from launcher import runs
+
+    runs.down(_which(run))
+
+@app.command()
+def render(
+    spec: Path = SpecArg,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
+                                          help="Write the manifest here (default: stdout)."),
+):
+    """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
+    from launcher.errors import SpecError
+    from launcher.specfile import load_spec
+
+    cluster = load_spec(spec)
+    if cluster.kubernetes is None:
+        raise SpecError(f"{spec} has no [kubernetes] table: 'render' writes a JobSet for Kubernetes; "
+                        "'mgpu-cluster up' runs [[hosts]] and [slurm] specs")
+    from launcher.engines.kubernetes import render as render_manifest
+
+    text = render_manifest(cluster)  # named by the spec: the same spec, the same file
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from worker.host.files import write_private
+
+    try:  # owner only: it holds the spec's env as given, secrets included
+        write_private(output, text)
+    except OSError as exc:
+        raise SpecError(f"cannot write {output}: {exc.strerror or exc}") from None
+    typer.echo(f"wrote {output}; apply it with: kubectl apply -f {output}")
 
 @app.command("tf-config")
 def tf_config(
     spec: Path = SpecArg,
-    task: Optional[int] = typer.Option(None, "--task", help="Task index."),
+    task: Optional[int] = typer.Option(None, "--task", help="Task index.", metavar="N"),
     all_: bool = typer.Option(False, "--all", help="Every task's TF_CONFIG."),
 ):
     """Print the TF_CONFIG of one task (or of all) as JSON."""
@@ -54,36 +187,6 @@ def tf_config(
     configs = [json.loads(p.env["TF_CONFIG"]) for p in plan_tasks(cluster, "tf-config")]  # the one builder's
     typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
 
-
-@app.command()
-def render(
-    spec: Path = SpecArg,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the manifest here (default: stdout)."),
-):
-    """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
-    from launcher.errors import SpecError
-    from launcher.run.record import new_run_id
-    from launcher.specfile import load_spec
-
-    cluster = load_spec(spec)
-    if cluster.kubernetes is None:
-        raise SpecError(f"{spec} has no [kubernetes] table: 'render' writes a JobSet for Kubernetes; "
-                        "'mgpu-cluster up' runs [[hosts]] and [slurm] specs")
-    from launcher.engines.kubernetes import render as render_manifest
-
-    text = render_manifest(cluster, new_run_id())
-    if output is None:
-        typer.echo(text, nl=False)
-        return
-    from worker.host.files import write_private
-
-    try:  # owner only: it holds the spec's env as given, secrets included
-        write_private(output, text)
-    except OSError as exc:
-        raise SpecError(f"cannot write {output}: {exc.strerror or exc}") from None
-    typer.echo(f"wrote {output}; apply it with: kubectl apply -f {output}")
-
-
 @app.command()
 def schema():
     """Print the JSON Schema of cluster.toml (for editors)."""
@@ -92,83 +195,12 @@ def schema():
     typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
 
 
-@app.command()
-def up(
-    spec: Path = SpecArg,
-    detach: bool = typer.Option(False, "--detach", "-d", help="Return once every task runs."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
-):
-    """Check SPEC, start every task, stream their output, stop all on the first failure."""
-    from launcher import up as upmod
-
-    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id)
-
-
-@app.command()
-def status(
-    run: Optional[str] = RunArg,
-    as_json: bool = typer.Option(False, "--json", help="One JSON object."),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every 2 s until the run ends."),
-    probe: bool = typer.Option(False, "--probe", help="Ask every host now (GPU use too), not the launcher's record."),
-):
-    """Show every task of a run: state, progress, heartbeat, CPU and memory."""
-    from launcher import runs
-
-    runs.status(run, as_json=as_json, watch=watch, probe=probe)
-
-
-@app.command()
-def logs(
-    run: Optional[str] = RunArg,
-    task: Optional[int] = typer.Option(None, "--task", help="Only this task."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-    tail: Optional[int] = typer.Option(None, "--tail", help="Only the last K lines."),
-):
-    """Print the workers' logs of a run."""
-    from launcher import runs
-
-    runs.logs(run, task=task, follow=follow, tail=tail)
-
-
-@app.command()
-def down(run: Optional[str] = RunArg):
-    """Stop every task of a run (safe to repeat)."""
-    from launcher import runs
-
-    runs.down(run)
-
-
-@app.command()
-def stacks(
-    run: Optional[str] = RunArg,
-    task: Optional[int] = typer.Option(None, "--task", help="Only this task."),
-):
-    """Print the Python stacks of every live task (py-spy on its host); exit 1 naming tasks without."""
-    from launcher.diagnose import commands
-
-    commands.stacks(run, task=task)
-
-
-@app.command()
-def report(
-    run: Optional[str] = RunArg,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The PNG to write (default: report.png in the run's folder)."),
-):
-    """Draw one PNG of a run: samples/s and step time per task, attempts, phases (needs matplotlib)."""
-    from launcher.diagnose import commands
-
-    commands.report(run, out)
-
-
 def main() -> None:
     from launcher.run import interrupts
 
     interrupts.install()  # Ctrl-C, TERM, HUP: exit 130 from any command, at any moment
     try:
-        returned = app(standalone_mode=False)  # typer returns 130 for a KeyboardInterrupt it caught
+        returned = app(standalone_mode=False, prog_name="mgpu-cluster")  # typer returns 130 for a KeyboardInterrupt it caught
         code = returned if isinstance(returned, int) else 0
         if code == 130:
             _error(interrupts.reason())
@@ -202,6 +234,8 @@ def main() -> None:
             raise
     if interrupts.pending():  # a signal that came while the teardown was shielded
         code = 130
+    if code == 0 and _said:
+        _say(_said[0])
     _exit(code)
 
 
@@ -209,6 +243,13 @@ def _error(message: str) -> None:
     from launcher.run.output import Output
 
     Output(threaded=False).error(message)
+
+
+def _say(line: str) -> None:
+    try:
+        typer.echo(line, err=True)
+    except OSError:
+        pass
 
 
 def _exit(code: int) -> None:

@@ -10,7 +10,7 @@ from launcher.run import record
 from launcher.run.states import TaskState
 
 
-def stacks(run_id: str | None, task: int | None = None) -> None:
+def stacks(run_id: str, task: int | None = None) -> None:
     """Print the stacks of every live task (or of `task`) and a line for each task that is not running;
     RunFailed (exit 1) when none is running, when `task` is not, or naming live tasks with no stacks."""
     from launcher.diagnose.stacks import take
@@ -44,7 +44,7 @@ def stacks(run_id: str | None, task: int | None = None) -> None:
         raise RunFailed("no stacks from " + "; ".join(f"{ts.header}: {ts.why}" for ts in failed))
 
 
-def report(run_id: str | None, out: Path | None = None) -> Path:
+def report(run_id: str, out: Path | None = None) -> Path:
     """Draw the run's report PNG (default: report.png in the run's folder); prints and returns its path."""
     from launcher.diagnose import report as draw
 

@@ -141,22 +141,18 @@ class OldVersion(ValueError):
 
 # --------------------------------------------------------------------------- where runs live
 
-def latest_id() -> str:
-    ids = sorted(p.name for p in runs_dir().glob("*") if RUN_ID.match(p.name) and (p / STATE).exists())
-    if not ids:
-        raise RunNotFound(f"No runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'.")
-    return ids[-1]  # run ids start with their start time
-
-
-def load(run_id: str | None = None) -> RunRecord:
-    """The run `run_id` (the latest when None); RunCorrupt names the file when it cannot be read."""
-    run_id = run_id or latest_id()
+def load(run_id: str) -> RunRecord:
+    """The run `run_id` (launcher.listing says which one a command means); RunCorrupt names the file when it
+    cannot be read."""
+    if not RUN_ID.match(run_id):
+        raise RunNotFound(f"{run_id!r} is not a run id (they look like 20261125-105854-ca98); 'mgpu-cluster ls' "
+                          "lists the runs.")
     path = run_path(run_id) / STATE
     try:
         raw = files.read_file(path)
     except FileNotFoundError:
-        raise RunNotFound(f"Run {run_id!r} not found under {runs_dir()}; 'mgpu-cluster status' shows the "
-                          "latest run.") from None
+        raise RunNotFound(f"Run {run_id!r} not found under {runs_dir()}; 'mgpu-cluster ls' lists "
+                          "the runs.") from None
     try:
         return RunRecord.from_json(raw.decode("utf-8"))
     except OldVersion as exc:

@@ -1,0 +1,168 @@
+"""The runs recorded on this machine: `mgpu-cluster ls`, and which run a command without a run id means.
+
+A command given no run id acts on the newest run that got past its preflight: a refused `up` (a port
+taken, a host down) started nothing, so it never hides the run that trains. Reading only: a damaged
+record is listed as damaged, never a traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from launcher.errors import RunCorrupt, RunNotFound
+from launcher.home import RUN_ID, runs_dir
+from launcher.run import record
+from launcher.run.failure import FailureKind
+from launcher.run.states import RunState
+
+
+class Shown(str, enum.Enum):
+    """A run's state as `ls` shows it: the run's own, or what the record says of it beyond that."""
+
+    PREFLIGHT = "preflight"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+    REFUSED = "refused"  # the preflight refused it: nothing was started
+    DAMAGED = "damaged"  # its record cannot be read
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    state: Shown
+    spec: str | None = None
+    engine: str | None = None
+    started_at: float | None = None
+    duration_s: float | None = None
+    tasks: int | None = None
+    why: str | None = None  # a damaged record's reason, a failed run's kind
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "state": str(self.state), "spec": self.spec, "engine": self.engine,
+                "started_at": self.started_at, "duration_s": self.duration_s, "tasks": self.tasks, "why": self.why}
+
+
+def run_ids() -> list[str]:
+    """Every recorded run's id, newest first (ids start with their start time)."""
+    folder = runs_dir()
+    if not folder.is_dir():
+        return []
+    return sorted((p.name for p in folder.iterdir() if RUN_ID.match(p.name) and (p / record.STATE).exists()),
+                  reverse=True)
+
+
+def refused(run: record.RunRecord) -> bool:
+    return run.failure is not None and run.failure.kind == FailureKind.REFUSED
+
+
+def past_preflight(run: record.RunRecord) -> bool:
+    """It got past its preflight: its tasks were (to be) started."""
+    return "preflight_s" in run.phases or run.state in (RunState.STARTING, RunState.RUNNING)
+
+
+def row(run_id: str, now: float) -> RunRow:
+    try:
+        run = record.load(run_id)
+    except (RunCorrupt, RunNotFound) as exc:
+        return RunRow(run_id, Shown.DAMAGED, why=str(exc)[:300])
+    state = (Shown.REFUSED if refused(run) else Shown(str(run.state)) if run.ended or record.launcher_alive(run)
+             else Shown.LOST)  # not ended and its launcher gone: `status` settles it with its hosts
+    end = run.ended_at if run.ended and run.ended_at else now
+    return RunRow(run_id, state, spec=run.spec_path, engine=run.engine, started_at=run.created_at,
+                  duration_s=round(max(0.0, end - run.created_at), 1), tasks=len(run.tasks),
+                  why=str(run.failure.kind) if run.failure else None)
+
+
+def rows() -> list[RunRow]:
+    now = time.time()
+    return [row(run_id, now) for run_id in run_ids()]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    run_id: str
+    said: str  # which run, and why that one
+
+
+def choose(run_id: str | None) -> Chosen:
+    """The run a command means: the one named, else the newest that got past its preflight (else the
+    newest of all, when none did)."""
+    if run_id:
+        return Chosen(run_id, "")
+    ids = run_ids()
+    if not ids:
+        raise RunNotFound(f"No runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'.")
+    skipped = 0
+    for candidate in ids:
+        try:
+            if past_preflight(record.load(candidate)):
+                newer = f"; {skipped} newer run(s) skipped" if skipped else ""
+                return Chosen(candidate, f"run {candidate}: the newest that got past its preflight{newer} "
+                                         "('mgpu-cluster ls' lists every run)")
+        except RunCorrupt:
+            pass
+        skipped += 1
+    return Chosen(ids[0], f"run {ids[0]}: the newest run (none got past its preflight; 'mgpu-cluster ls' lists "
+                          "every run)")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def cells(r: RunRow) -> list[str]:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)) if r.started_at else ""
+    return [r.run_id, str(r.state), r.engine or "", "" if r.tasks is None else str(r.tasks), started,
+            _duration(r.duration_s), r.spec or (r.why or "")]
+
+
+HEADER = ["run", "state", "engine", "tasks", "started", "duration", "spec"]
+
+
+def table(found: list[RunRow]) -> Table:
+    out = Table(title=f"{len(found)} run(s) under {runs_dir()}, newest first")
+    for name in HEADER:
+        out.add_column(name, overflow="fold", no_wrap=name != "spec")
+    for r in found:
+        out.add_row(*cells(r))
+    return out
+
+
+def plain(found: list[RunRow]) -> str:
+    lines = [HEADER, *(cells(r) for r in found)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
+
+
+def ls(as_json: bool = False) -> None:
+    """`mgpu-cluster ls`: every recorded run, newest first."""
+    import json
+
+    from launcher.run.output import Output
+
+    found = rows()
+    if as_json:
+        print(json.dumps([r.to_json() for r in found]), flush=True)
+        return
+    out = Output(threaded=False)
+    if not found:
+        out.say(f"no runs yet under {runs_dir()}; start one with 'mgpu-cluster up SPEC'")
+    elif out.console.is_terminal:
+        out.show(table(found))
+    else:
+        print(plain(found), flush=True)
