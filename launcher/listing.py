@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.table import Table
 
@@ -126,9 +127,10 @@ def _duration(seconds: float | None) -> str:
 
 
 def cells(r: RunRow) -> list[str]:
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)) if r.started_at else ""
+    started = time.strftime("%m-%d %H:%M:%S", time.localtime(r.started_at)) if r.started_at else ""
+    spec = r.spec.replace(str(Path.home()), "~", 1) if r.spec and r.spec.startswith(str(Path.home())) else r.spec
     return [r.run_id, str(r.state), r.engine or "", "" if r.tasks is None else str(r.tasks), started,
-            _duration(r.duration_s), r.spec or (r.why or "")]
+            _duration(r.duration_s), spec or (r.why or "")]
 
 
 HEADER = ["run", "state", "engine", "tasks", "started", "duration", "spec"]
