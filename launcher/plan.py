@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass
 
 from launcher.home import run_folder
 from launcher.spec import ClusterSpec, Host
+from launcher.specbase import SECRET
 from worker.host import layout
 from worker.host.env import endpoint, task_environment
-
-SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

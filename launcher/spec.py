@@ -9,7 +9,8 @@ from pydantic import Field, field_validator, model_validator
 
 from launcher.specbase import (DEVICES_MAX, LOCAL_ADDRESSES, WEEK_S, Count, CpuIndex, Devices, Entrypoint, GpuIndex,
                                Port, Restarts, Seconds, _Model, _no_control, env_names, nul_at)
-from launcher.specsched import K8S_NOT_LAUNCH, Kubernetes, Slurm, scheduler_problems
+from launcher.speck8s import K8S_NOT_LAUNCH, Kubernetes
+from launcher.specsched import Slurm, scheduler_problems
 
 LEARNING_RATE_MAX = 1000.0  # far above any rate that trains; scaled by the replicas it stays a finite float32
 PREEMPT_GRACE_MAX = 65535  # Slurm's --signal=USR1@<seconds> takes at most 65535

@@ -26,6 +26,7 @@ GpuIndex = Annotated[int, Field(ge=0, lt=DEVICES_MAX)]
 CpuIndex = Annotated[int, Field(ge=0, lt=CPUS_MAX)]
 EnvName = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Entrypoint = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)  # env names whose values are hidden
 
 
 class _Model(BaseModel):

@@ -88,6 +88,8 @@ def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path} is not valid TOML: {exc}.") from None
     spec = parse_spec(data, str(path))
+    if spec.kubernetes is not None:  # a JobSet named by its file where it names none: the same name each render
+        return spec.model_copy(update={"kubernetes": spec.kubernetes.named(path.stem)})
     if spec.hosts is None:
         return spec
     root = base.resolve() if base else path.resolve().parent  # as the record keeps it (symlinks resolved)

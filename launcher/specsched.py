@@ -1,4 +1,5 @@
-"""The spec's tables for scheduler engines: [slurm] (nodes Slurm picks) and [kubernetes] (a JobSet)."""
+"""The spec's [slurm] table (nodes Slurm picks), and what a scheduler's table ([slurm] or [kubernetes], in
+speck8s) cannot run with the rest of the spec."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Annotated, Optional
 from pydantic import Field, field_validator
 
 from worker.host import layout
-from launcher.specbase import EnvName, Devices, Port, _Model, _no_control, env_names  # noqa: F401
+from launcher.specbase import Devices, Port, _Model, _no_control, env_names
+from launcher.speck8s import Kubernetes
 
 # Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; or no limit
@@ -95,82 +97,6 @@ class Slurm(_Model):
     _env = field_validator("env")(classmethod(lambda cls, env: env_names(env)))
 
 
-K8sName = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
-K8sSubdomain = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-K8sQuantity = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-          **{f"{p}i": 2.0 ** (10 * i) for i, p in enumerate("KMGTPE", 1)}}
-# far above any node, well within the 64 bits in which Kubernetes keeps a quantity (cpu in thousandths of a core;
-# it caps a larger one without a word)
-QUANTITY_MAX = {"cpu": (10**6, "1000000 cores"), "memory": (2**60, "1Ei bytes")}
-# set by Kubernetes (the Job's index) or by the pod entry from it: a value in [kubernetes].env would stand
-K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID",
-               "MGPU_NUM_WORKERS")
-# [launch] keys that mean nothing to a JobSet, and why
-K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
-                  **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
-                  "max_preemptions": "JobSet restarts a preempted group without counting or limit"}
-
-
-class Kubernetes(_Model):
-    """A Kubernetes cluster: a JobSet of `workers` pods, rendered by `mgpu-cluster render`."""
-
-    image: str
-    workers: Annotated[int, Field(ge=1, le=100000)]  # an Indexed Job's completions are at most 100000
-    namespace: str = "default"
-    port: Port = 20000
-    gpus_per_worker: Devices = 0  # the nvidia.com/gpu limit of each pod
-    python: str = "python3"
-    workdir: str = "/workspace"  # the container's working folder; run files in <workdir>/.mgpu/runs/<run-id>/
-    env: Optional[dict[str, str]] = None
-    cpu: Optional[str] = None  # each pod's CPU request and limit, e.g. "4"
-    memory: Optional[str] = None  # each pod's memory request and limit, e.g. "16Gi"
-    volume_claim: Optional[str] = None  # a PersistentVolumeClaim mounted at workdir/.mgpu: shared by every pod
-
-    @field_validator("namespace")
-    @classmethod
-    def _name(cls, value):
-        if not K8sName.match(value):
-            raise ValueError(f"{value!r} is not a Kubernetes namespace (at most 63 lower-case letters, digits and '-')")
-        return value
-
-    @field_validator("volume_claim")
-    @classmethod
-    def _claim(cls, value):
-        if value is not None and not K8sSubdomain.match(value):
-            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lower-case letters, digits, '-' and "
-                             "'.', at most 253)")
-        return value
-
-    @field_validator("cpu", "memory")
-    @classmethod
-    def _quantity(cls, value, info):
-        if value is None:
-            return value
-        if not K8sQuantity.match(value):
-            raise ValueError(f"{value!r} is not a Kubernetes quantity such as \"4\", \"500m\" or \"16Gi\"")
-        limit, words = QUANTITY_MAX[info.field_name]
-        if quantity(value) > limit:
-            raise ValueError(f"{value!r} is more than any pod gets: at most {words}")
-        return value
-
-    @field_validator("image", "python", "workdir")
-    @classmethod
-    def _text(cls, value, info):
-        if not value.strip() or not _no_control(value) or value != value.strip():
-            raise ValueError("must be one line of text, with no space at either end")
-        if info.field_name == "workdir" and not value.startswith("/"):
-            raise ValueError(f"{value!r} must be an absolute path in the container")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, env):
-        for name in sorted(set(env or {}) & set(K8S_OWN_ENV)):
-            raise ValueError(f"{name}: set in each pod by Kubernetes or by mgpu-cluster from its index; leave it out")
-        return env_names(env)
-
-
 def slurm_seconds(value: str) -> int:
     """The seconds of a time limit that SlurmTime matched (INFINITE and UNLIMITED: 0, no limit)."""
     if value in ("INFINITE", "UNLIMITED"):
@@ -183,14 +109,6 @@ def slurm_seconds(value: str) -> int:
         parts = [0, *parts, 0]  # minutes[:seconds]
     hours, minutes, seconds = parts[:3]
     return (hours * 60 + minutes) * 60 + seconds
-
-
-def quantity(text: str) -> float:
-    """The value of a quantity that K8sQuantity matched (inf where a float cannot hold it)."""
-    number, suffix = K8sQuantity.match(text).group(1, 3)
-    if suffix in _SCALE:
-        return float(number) * _SCALE[suffix]
-    return float(number + (suffix or ""))  # no suffix, or a decimal exponent: 1e3
 
 
 def scheduler_problems(sched: Slurm | Kubernetes, local_replicas: int | None, checkpoint_dir: str | None,

@@ -30,7 +30,7 @@ from launcher.errors import SpecError  # noqa: E402
 from launcher.specfile import load_spec, parse_spec  # noqa: E402
 
 PY = sys.executable
-RUN = "20261124-120000-abcd"
+RUN = "train-digits"  # the JobSet's name, which is the run's id
 
 
 def gpu_spec():
@@ -43,7 +43,7 @@ def gpu_spec():
 @pytest.mark.parametrize("spec", [lambda: load_spec(REPO / "cluster.k8s.toml"), gpu_spec], ids=["example", "gpu"])
 def test_rendered_jobsets_round_trip_through_jobsets_models(spec):
     cluster = spec()
-    m = manifest(cluster, RUN)
+    m = manifest(cluster)
     assert validate(json.loads(json.dumps(m))) == m  # unchanged: no unknown or ill-typed field anywhere
     job = m["spec"]["replicatedJobs"][0]["template"]["spec"]
     workers, launch = cluster.kubernetes.workers, cluster.launch
@@ -80,7 +80,7 @@ def _job(m):
     (lambda m: _job(m)["template"]["spec"].update(restartPolicy="Nevr"), "restartPolicy"),
 ], ids=["unknown-field", "wrong-type", "jobset-action", "rule-name", "pod-failure-action", "restart-policy"])
 def test_what_jobset_does_not_take_is_refused(change, named):
-    m = manifest(load_spec(REPO / "cluster.k8s.toml"), RUN)
+    m = manifest(load_spec(REPO / "cluster.k8s.toml"))
     change(m)
     with pytest.raises(ManifestError, match=named):
         validate(m)
@@ -156,21 +156,28 @@ def test_names_and_quantities_kubernetes_takes_are_taken():
 def test_a_checkpoint_every_pod_shares_is_taken(k8s, checkpoint_dir):
     spec = parse_spec({"kubernetes": {"image": "x", "workers": 2, **k8s},
                        "training": {"entrypoint": "worker.examples.digits:task", "checkpoint_dir": checkpoint_dir}})
-    assert f"--checkpoint-dir {checkpoint_dir}" in " ".join(manifest(spec, RUN)["spec"]["replicatedJobs"][0][
+    assert f"--checkpoint-dir {checkpoint_dir}" in " ".join(manifest(spec)["spec"]["replicatedJobs"][0][
         "template"]["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
-def test_dry_run_masks_secret_env_values_and_render_writes_them(cli, tmp_path):
+def test_a_secret_is_never_written_in_clear_only_named_from_a_kubernetes_secret(cli, tmp_path):
+    """A secret-looking name in env is refused (exit 2, no value shown anywhere); secret_env renders a
+    secretKeyRef: the manifest names the Secret and its key, never a value."""
     spec = tmp_path / "k8s.toml"
-    spec.write_text((REPO / "cluster.k8s.toml").read_text().replace(
-        'env = { TF_CPP_MIN_LOG_LEVEL = "2" }', 'env = { TF_CPP_MIN_LOG_LEVEL = "2", WANDB_API_KEY = "s3cr3t-value" }'))
-    dry = cli("up", "--dry-run", spec, timeout=60)
-    assert dry.returncode == 0 and "WANDB_API_KEY" in dry.stdout and "****" in dry.stdout, dry.stderr
-    assert "s3cr3t-value" not in dry.stdout + dry.stderr
-    r = cli("render", spec, timeout=60)  # the file kubectl applies carries the value itself
-    env = yaml.safe_load(r.stdout)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
-        "containers"][0]["env"]
-    assert {"name": "WANDB_API_KEY", "value": "s3cr3t-value"} in env
+    text = (REPO / "cluster.k8s.toml").read_text()
+    spec.write_text(text.replace('env = { TF_CPP_MIN_LOG_LEVEL = "2" }',
+                                 'env = { TF_CPP_MIN_LOG_LEVEL = "2", WANDB_API_KEY = "s3cr3t-value" }'))
+    for args in (["render", spec], ["up", "--dry-run", spec]):
+        r = cli(*args, timeout=60)
+        assert r.returncode == 2 and "kubernetes.env: WANDB_API_KEY" in r.stderr and "secret_env" in r.stderr, r.stderr
+        assert "s3cr3t-value" not in r.stdout + r.stderr and "Traceback" not in r.stderr
+    spec.write_text(text.replace('env = { TF_CPP_MIN_LOG_LEVEL = "2" }', 'env = { TF_CPP_MIN_LOG_LEVEL = "2" }\n'
+                                 'secret_env = { WANDB_API_KEY = { secret = "wandb", key = "api-key" } }'))
+    r = cli("render", spec, timeout=60)
+    assert r.returncode == 0, r.stderr
+    env = _job(validate(yaml.safe_load(r.stdout)))["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env
+    assert {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"} in env
 
 
 @pytest.mark.parametrize("missing", ["kubeflow_trainer_api", "yaml"])
@@ -191,10 +198,10 @@ def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(
     JobSet's hosts, the task folder and its records are written, and a value of [kubernetes].env wins."""
     show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (
         ["TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL"],)
-    spec = parse_spec({"kubernetes": {"image": "x", "workers": 3, "python": PY, "port": 20001,
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 3, "python": PY, "port": 20001, "name": RUN,
                                       "workdir": str(tmp_path), "env": {"TF_USE_LEGACY_KERAS": "0"}},
                        "training": {"command": [PY, "-c", show]}})
-    m = yaml.safe_load(render(spec, RUN))
+    m = yaml.safe_load(render(spec))
     container = _job(m)["template"]["spec"]["containers"][0]
     env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, "JOB_COMPLETION_INDEX": "2"}
     r = subprocess.run(container["command"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -226,11 +233,11 @@ def pods_hosts(tmp_path_factory):
 
 def pods(hosts, tmp_path: Path, training: dict) -> list[tuple[list[str], dict, str]]:
     """Each pod's (command, env, namespace) from the rendered manifest, its host names in /etc/netns."""
-    spec = parse_spec({"kubernetes": {"image": "unused", "workers": 2, "python": PY, "port": 20000,
+    spec = parse_spec({"kubernetes": {"image": "unused", "workers": 2, "python": PY, "port": 20000, "name": RUN,
                                       "workdir": str(tmp_path / "pods"), "volume_claim": "runs"},
                        "training": training, "launch": {"preempt_grace": 30}})
     rendered = tmp_path / "jobset.yaml"
-    rendered.write_text(render(spec, RUN))  # what `mgpu-cluster render -o` writes
+    rendered.write_text(render(spec))  # what `mgpu-cluster render -o` writes
     m = yaml.safe_load(rendered.read_text())
     container = m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}

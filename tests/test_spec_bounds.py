@@ -111,7 +111,7 @@ def largest(engine: str, *extra: tuple[str, str, str]) -> str:
 
 def test_the_largest_values_render_a_jobset_kubernetes_takes(tmp_path):
     spec = load(tmp_path, largest("kubernetes"))
-    m = manifest(spec, RUN)
+    m = manifest(spec)
     assert validate(m) == m
     pod = m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == 65535 + 10 <= INT32_MAX

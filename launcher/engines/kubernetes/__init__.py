@@ -8,39 +8,40 @@ import shlex
 from typing import Callable
 
 from launcher.engines.base import Engine, EngineKind
-from launcher.engines.kubernetes.render import jobset_name, manifest, pod_command, run_folder, to_yaml
+from launcher.engines.kubernetes.render import RUN_LABEL, manifest, pod_command, run_folder, to_yaml
 from launcher.engines.kubernetes.validate import validate
 from launcher.plan import TaskPlan, worker_argv
 from launcher.spec import Host
+from launcher.speck8s import pod_host
 from worker.host import layout
 
 NOT_HERE = "a [kubernetes] run is applied with kubectl, not started by mgpu-cluster"
 
 
-def render(spec, run_id: str, masked: bool = False) -> str:
+def render(spec, masked: bool = False) -> str:
     """The run's manifest as YAML, checked against JobSet's API models first."""
-    return to_yaml(validate(manifest(spec, run_id, masked)))
+    return to_yaml(validate(manifest(spec, masked)))
 
 
 class KubernetesEngine(Engine):
-    """Plans and renders; Kubernetes starts, restarts and stops the pods (no Launching, no Inspecting)."""
+    """Plans and renders; Kubernetes starts, restarts and stops the pods (no Launching, no Inspecting). The run's
+    id is the JobSet's name, whatever id the caller made: the same spec is the same object and run folder."""
 
     kind = EngineKind.KUBERNETES
 
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
-        k8s, root = self.spec.kubernetes, run_folder(self.spec, self.run_id)
-        name = jobset_name(self.run_id)
-        return [TaskPlan(index=i, host=Host.model_construct(address=f"{name}-worker-0-{i}", port=k8s.port),
+        k8s, root = self.spec.kubernetes, run_folder(self.spec)
+        return [TaskPlan(index=i, host=Host.model_construct(address=pod_host(k8s.jobset, i), port=k8s.port),
                          python=k8s.python, cwd=k8s.workdir, run_dir=layout.task_dir(root, i),
                          argv=worker_argv(self.spec, k8s.python), env={}) for i in range(k8s.workers)]
 
     def dry_run(self, say: Callable[[str], None]) -> None:
         say("# apply with: mgpu-cluster render SPEC -o jobset.yaml && kubectl apply -f jobset.yaml")
-        say(f"# each pod runs: {shlex.join(pod_command(self.spec, self.run_id))}")
-        say(render(self.spec, self.run_id, masked=True))
+        say(f"# each pod runs: {shlex.join(pod_command(self.spec))}")
+        say(render(self.spec, masked=True))
 
     def not_started_here(self, spec_path: str = "SPEC") -> str:
-        ns = self.spec.kubernetes.namespace
+        ns, name = self.spec.kubernetes.namespace, self.spec.kubernetes.jobset
         return (f"{NOT_HERE}: write its JobSet with 'mgpu-cluster render {spec_path} -o jobset.yaml' (or see it "
                 f"with 'up --dry-run'), apply it with 'kubectl apply -f jobset.yaml', and follow it with 'kubectl get "
-                f"jobsets -n {ns}' and 'kubectl logs -n {ns} -l mgpu-cluster/run=<run id>' (the id is in the file).")
+                f"jobset {name} -n {ns}' and 'kubectl logs -n {ns} -l {RUN_LABEL}={name} --prefix'.")

@@ -1,6 +1,7 @@
 """The JobSet a [kubernetes] spec renders to (jobset.x-k8s.io/v1alpha2): one replicated job of
 `workers` pods, each running the task core's pod entry (`python -m worker.task.pod`), which builds
-TF_CONFIG from Kubernetes' JOB_COMPLETION_INDEX and the JobSet's stable host names. Pure."""
+TF_CONFIG from Kubernetes' JOB_COMPLETION_INDEX and the JobSet's stable host names. Pure and
+deterministic: no time or random value in it, so the same spec renders the same file."""
 
 from __future__ import annotations
 
@@ -9,41 +10,46 @@ import math
 
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
+from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, Toleration, pod_host
 from worker.host import layout
 from worker.protocol import EXIT_PREEMPTED
 
-REPLICATED_JOB = "worker"
 PREEMPTED_RULE = "preempted"
+RUN_LABEL = OWN_LABELS + "run"  # the run's id, the JobSet's name: kubectl logs -l mgpu-cluster/run=<name>
 
 
-def jobset_name(run_id: str) -> str:
-    """A DNS label from the run id ("mgpu-20261124-231031-2e16")."""
-    return f"mgpu-{run_id}".lower()
+def run_folder(spec: ClusterSpec) -> str:
+    return layout.run_root(spec.kubernetes.workdir, spec.kubernetes.jobset)
 
 
-def run_folder(spec: ClusterSpec, run_id: str) -> str:
-    return layout.run_root(spec.kubernetes.workdir, run_id)
-
-
-def host_pattern(run_id: str) -> str:
+def host_pattern(spec: ClusterSpec) -> str:
     """Pod i's stable name in the JobSet's headless service: <jobset>-<job>-0-<i>.<subdomain>."""
-    name = jobset_name(run_id)
-    return f"{name}-{REPLICATED_JOB}-0-{{i}}.{name}"
+    name = spec.kubernetes.jobset
+    return f"{pod_host(name, '{i}')}.{name}"
 
 
-def pod_command(spec: ClusterSpec, run_id: str) -> list[str]:
+def pod_command(spec: ClusterSpec) -> list[str]:
     k8s, launch = spec.kubernetes, spec.launch
-    return [k8s.python, "-m", "worker.task.pod", "--run-id", run_id, "--run-dir", run_folder(spec, run_id), "--hosts",
-            host_pattern(run_id), "--workers", str(k8s.workers), "--port", str(k8s.port),
+    return [k8s.python, "-m", "worker.task.pod", "--run-id", k8s.jobset, "--run-dir", run_folder(spec), "--hosts",
+            host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
             "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", "--",
             *worker_argv(spec, k8s.python)]
 
 
 def pod_env(spec: ClusterSpec) -> dict[str, str]:
-    """What the launcher gives every pod (the container's env); the pod entry builds the rest of the
+    """What the launcher gives every pod in clear (the container's env); the pod entry builds the rest of the
     task's environment, TF_CONFIG included, with the one builder (worker.host.env)."""
     k8s = spec.kubernetes
-    return {**({"CUDA_VISIBLE_DEVICES": ""} if k8s.gpus_per_worker == 0 else {}), **(k8s.env or {})}
+    cpu_only = k8s.gpus_per_worker == 0 and "CUDA_VISIBLE_DEVICES" not in (k8s.secret_env or {})
+    return {**({"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {}), **(k8s.env or {})}
+
+
+def _env(spec: ClusterSpec, masked: bool) -> list[dict]:
+    """Values in clear, then those from Secrets (secretKeyRef: the manifest names the Secret, never the value)."""
+    env = mask_env(pod_env(spec)) if masked else pod_env(spec)
+    return [*({"name": key, "value": value} for key, value in env.items()),
+            *({"name": key, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+              for key, ref in (spec.kubernetes.secret_env or {}).items())]
 
 
 def _resources(spec: ClusterSpec) -> dict:
@@ -57,21 +63,57 @@ def _resources(spec: ClusterSpec) -> dict:
     return {"requests": dict(limits), "limits": limits} if limits else {}
 
 
-def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
-    """The JobSet; `masked`: env values whose names look secret shown as **** (for --dry-run)."""
-    k8s, launch, name = spec.kubernetes, spec.launch, jobset_name(run_id)
-    env = mask_env(pod_env(spec)) if masked else pod_env(spec)
-    container = {"name": "worker", "image": k8s.image, "command": pod_command(spec, run_id),
-                 "workingDir": k8s.workdir, "ports": [{"name": "tf", "containerPort": k8s.port, "protocol": "TCP"}],
-                 "env": [{"name": key, "value": value} for key, value in env.items()]}
+def _toleration(t: Toleration) -> dict:
+    fields = {"key": t.key, "operator": t.operator.value, "value": t.value,
+              "effect": t.effect.value if t.effect else None, "tolerationSeconds": t.toleration_seconds}
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _volumes(spec: ClusterSpec, container: dict, pod: dict) -> None:
+    """The shared run folder (a PersistentVolumeClaim) and a memory-backed /dev/shm, where the spec asks."""
+    k8s, mounts, volumes = spec.kubernetes, [], []
+    if k8s.volume_claim:
+        mounts.append({"name": "runs", "mountPath": layout.mgpu_dir(k8s.workdir)})
+        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": k8s.volume_claim}})
+    if k8s.shm is not False:
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        size = {"sizeLimit": k8s.shm} if isinstance(k8s.shm, str) else {}
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", **size}})
+    if volumes:
+        container["volumeMounts"], pod["volumes"] = mounts, volumes
+
+
+def _pod(spec: ClusterSpec, masked: bool) -> dict:
+    """The pod template's spec: one container, the task core's pod entry, where and how it is scheduled."""
+    k8s, launch = spec.kubernetes, spec.launch
+    container = {"name": "worker", "image": k8s.image, "command": pod_command(spec), "workingDir": k8s.workdir,
+                 "ports": [{"name": "tf", "containerPort": k8s.port, "protocol": "TCP"}], "env": _env(spec, masked)}
+    if k8s.image_pull_policy:
+        container["imagePullPolicy"] = k8s.image_pull_policy.value
     if _resources(spec):
         container["resources"] = _resources(spec)
     pod = {"restartPolicy": "Never", "containers": [container],
            # the notice (SIGTERM) to KILL: the group's coordinated save, with room for the core's own stop
            "terminationGracePeriodSeconds": math.ceil(launch.preempt_grace) + 10}
-    if k8s.volume_claim:
-        container["volumeMounts"] = [{"name": "runs", "mountPath": layout.mgpu_dir(k8s.workdir)}]
-        pod["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": k8s.volume_claim}}]
+    _volumes(spec, container, pod)
+    scheduling = {"nodeSelector": k8s.node_selector,
+                  "tolerations": k8s.tolerations and [_toleration(t) for t in k8s.tolerations],
+                  "imagePullSecrets": k8s.image_pull_secrets and [{"name": s} for s in k8s.image_pull_secrets],
+                  "serviceAccountName": k8s.service_account, "priorityClassName": k8s.priority_class}
+    return {**pod, **{key: value for key, value in scheduling.items() if value}}
+
+
+def _metadata(spec: ClusterSpec) -> dict:
+    """Labels (ours, the run's id, first) and annotations, the same on the JobSet and on each pod."""
+    k8s = spec.kubernetes
+    meta = {"labels": {RUN_LABEL: k8s.jobset, **(k8s.labels or {})}}
+    return {**meta, "annotations": dict(k8s.annotations)} if k8s.annotations else meta
+
+
+def manifest(spec: ClusterSpec, masked: bool = False) -> dict:
+    """The JobSet, the same for the same spec (its name is the run's id: `kubectl apply` updates one object);
+    `masked`: env values whose names look secret shown as **** (for --dry-run)."""
+    k8s, launch, name = spec.kubernetes, spec.launch, spec.kubernetes.jobset
     job = {"completionMode": "Indexed", "completions": k8s.workers, "parallelism": k8s.workers,
            "backoffLimit": 0,  # one failed pod fails the group at once (fail fast)
            # a pod that saved on notice (exit 75), or one Kubernetes took away (evicted by a drain, preempted by
@@ -81,10 +123,10 @@ def manifest(spec: ClusterSpec, run_id: str, masked: bool = False) -> dict:
                {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                      "values": [EXIT_PREEMPTED]}},
                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
-           "template": {"metadata": {"labels": {"mgpu-cluster/run": run_id}}, "spec": pod}}
+           "template": {"metadata": _metadata(spec), "spec": _pod(spec, masked)}}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": k8s.namespace, "labels": {"mgpu-cluster/run": run_id}},
+        "metadata": {"name": name, "namespace": k8s.namespace, **_metadata(spec)},
         "spec": {
             "network": {"enableDNSHostnames": True, "subdomain": name},
             "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job}}],

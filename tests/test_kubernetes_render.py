@@ -1,0 +1,207 @@
+"""A manifest a cluster takes as is: the [kubernetes] keys a real cluster needs (a stable name, node selector,
+tolerations, image pull policy and secrets, service account, priority class, labels and annotations, env
+from Secrets, a memory-backed /dev/shm), each rendered by the real `mgpu-cluster render` and checked against
+JobSet's published models (Kubernetes' Pod spec inside); what Kubernetes would refuse is refused by key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, Cli
+
+from launcher.engines.kubernetes import render
+from launcher.engines.kubernetes.validate import validate
+from launcher.errors import SpecError
+from launcher.speck8s import Dns1035, name_from
+from launcher.specfile import parse_spec
+
+PY = sys.executable
+DIGITS = {"entrypoint": "worker.examples.digits:task"}
+
+
+def docs_example() -> str:
+    """The GPU node pool of docs/engines.md, as the page shows it."""
+    page = (REPO / "docs" / "engines.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```toml\n(.*?)^```", page, re.M | re.S)
+    found = [b for b in blocks if 'name = "resnet-a100"' in b]
+    assert len(found) == 1, "docs/engines.md lost its GPU node pool example"
+    return found[0]
+
+
+def rendered(cli, spec, *args) -> tuple[str, dict]:
+    """`mgpu-cluster render SPEC` as text, and as a JobSet that JobSet's models take unchanged."""
+    r = cli("render", spec, *args, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return r.stdout, validate(yaml.safe_load(r.stdout))
+
+
+def pod_template(m: dict) -> dict:
+    return m["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def test_the_docs_gpu_node_pool_renders_each_key_as_kubernetes_spells_it(cli, tmp_path):
+    spec = tmp_path / "gpu.toml"
+    spec.write_text(docs_example())
+    _, m = rendered(cli, spec)
+    template = pod_template(m)
+    pod, container = template["spec"], template["spec"]["containers"][0]
+    assert m["metadata"]["name"] == m["spec"]["network"]["subdomain"] == "resnet-a100"  # name, not the file's
+    labels = {"mgpu-cluster/run": "resnet-a100", "team": "vision", "kueue.x-k8s.io/queue-name": "gpu"}
+    for meta in (m["metadata"], template["metadata"]):  # on the JobSet (Kueue reads it there) and each pod
+        assert meta["labels"] == labels
+        assert meta["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (pod["serviceAccountName"], pod["priorityClassName"]) == ("trainer", "training")
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and container["imagePullPolicy"] == "IfNotPresent"
+    assert container["resources"]["limits"] == {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts == {"runs": "/workspace/.mgpu", "shm": "/dev/shm"}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert volumes["runs"]["persistentVolumeClaim"] == {"claimName": "mgpu-runs"}
+    assert container["env"] == [
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}]
+
+
+def test_the_same_spec_renders_the_same_bytes_named_by_its_file(cli, tmp_path):
+    """No time or random value: from any folder, to stdout or a file, one spec is one object (`kubectl apply`
+    again updates it) and one run folder; `up --dry-run` shows the same."""
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    spec = folder / "GPU train.v2.toml"
+    spec.write_text((REPO / "cluster.k8s.toml").read_text())
+    text, m = rendered(cli, spec)
+    elsewhere = Cli(cli.home, folder)
+    assert elsewhere("render", spec.name, timeout=60).stdout == text
+    for out in ("a.yaml", "b.yaml"):
+        assert cli("render", spec, "-o", tmp_path / out, timeout=60).returncode == 0
+        assert (tmp_path / out).read_text() == text
+    assert not re.search(r"\d{8}-\d{6}", text), "a time stamp in the manifest"
+    name = "gpu-train-v2"
+    command = pod_template(m)["spec"]["containers"][0]["command"]
+    assert m["metadata"]["name"] == m["spec"]["network"]["subdomain"] == m["metadata"]["labels"][
+        "mgpu-cluster/run"] == command[command.index("--run-id") + 1] == name
+    assert command[command.index("--run-dir") + 1] == f"/workspace/.mgpu/runs/{name}"
+    assert command[command.index("--hosts") + 1] == f"{name}-worker-0-{{i}}.{name}"
+    dry = cli("up", "--dry-run", spec, timeout=60)
+    assert dry.returncode == 0 and f"name: {name}\n" in dry.stdout and f"--run-id {name} " in dry.stdout, dry.stderr
+    spec.write_text(spec.read_text().replace("[kubernetes]\n", '[kubernetes]\nname = "digits-cpu"\n'))
+    assert rendered(cli, spec)[1]["metadata"]["name"] == "digits-cpu"
+
+
+@pytest.mark.parametrize("stem, workers, name", [
+    ("GPU train.v2", 2, "gpu-train-v2"), ("cluster.k8s", 2, "cluster-k8s"), ("2026-run", 2, "mgpu-2026-run"),
+    ("___", 2, "mgpu"), ("Übung", 2, "bung"), ("ü", 2, "mgpu"),
+    ("a" * 80, 10, "a" * 46), ("a" * 80, 100000, "a" * 42), ("x" * 41 + "-y", 100000, "x" * 41)])
+def test_a_name_from_a_file_is_one_that_jobset_takes(stem, workers, name):
+    """Lower-case, '-' for the rest, a letter first, cut so that the last pod's name is at most 63 (no '-'
+    left at the end): the name key takes it, and the manifest passes the models."""
+    assert name_from(stem, workers) == name and Dns1035.match(name)
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": workers, "name": name, "volume_claim": "runs"},
+                       "training": DIGITS})
+    assert validate(yaml.safe_load(render(spec)))["metadata"]["name"] == name
+
+
+@pytest.mark.parametrize("shm, volume", [
+    (True, {"medium": "Memory"}), ("16Gi", {"medium": "Memory", "sizeLimit": "16Gi"}), (False, None)])
+def test_shm_is_a_memory_volume_at_dev_shm(shm, volume):
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "shm": shm}, "training": DIGITS})
+    pod = pod_template(validate(yaml.safe_load(render(spec))))["spec"]
+    got = {v["name"]: v for v in pod.get("volumes", [])}
+    assert (got["shm"]["emptyDir"] if volume else got.get("shm")) == volume
+    mounts = pod["containers"][0].get("volumeMounts", [])
+    assert ({"name": "shm", "mountPath": "/dev/shm"} in mounts) == bool(volume)
+
+
+@pytest.mark.parametrize("k8s, named", [
+    ({"name": "Resnet"}, "kubernetes.name: 'Resnet' is not a JobSet name"),
+    ({"name": "9lives"}, "kubernetes.name"),
+    ({"name": "a" * 47}, "at most 46 characters"),  # 10 workers: a-...-worker-0-9-xxxxx
+    ({"name": "run-"}, "kubernetes.name"),
+    ({"node_selector": {"nvidia.com/gpu product": "x"}}, "kubernetes.node_selector: 'nvidia.com/gpu product'"),
+    ({"node_selector": {"pool": "a" * 64}}, "not a label value"),
+    ({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "value": "present"}]},
+     r"tolerations\[0\]: operator \"Exists\""),
+    ({"tolerations": [{"effect": "NoSchedule"}]}, "needs operator = \"Exists\""),
+    ({"tolerations": [{"key": "a", "effect": "NoSchedule", "toleration_seconds": 30}]}, "NoExecute"),
+    ({"tolerations": [{"key": "a", "effect": "NoExecute", "toleration_seconds": 2**31}]},
+     r"tolerations\[0\]\.toleration_seconds: "),
+    ({"tolerations": [{"key": "a", "effect": "NoScheduling"}]}, r"tolerations\[0\]\.effect: "),
+    ({"tolerations": [{"key": "a", "operator": "Gt", "value": "1"}]}, r"tolerations\[0\]\.operator: "),
+    ({"tolerations": [{"key": "a", "efect": "NoSchedule"}]}, r"tolerations\[0\]\.efect: unknown key"),
+    ({"image_pull_policy": "always"}, "kubernetes.image_pull_policy"),
+    ({"image_pull_secrets": ["RegCred"]}, r"image_pull_secrets: \[0\] 'RegCred'"),
+    ({"service_account": "trainer sa"}, "kubernetes.service_account"),
+    ({"priority_class": "High"}, "kubernetes.priority_class"),
+    ({"labels": {"mgpu-cluster/run": "x"}}, "mgpu-cluster/run: labels under mgpu-cluster/"),
+    ({"labels": {"team": "vision ml"}}, "kubernetes.labels: team"),
+    ({"annotations": {"example.com/notes": "x" * (256 * 1024)}}, "256 KiB"),
+    ({"annotations": {"/notes": "x"}}, "not an annotation key"),
+    ({"env": {"HF_TOKEN": "hf_abc"}}, "kubernetes.env: HF_TOKEN: a name that looks secret"),
+    ({"env": {"DB_PASSWORD": "pw"}}, "DB_PASSWORD"),
+    ({"secret_env": {"TF_CONFIG": {"secret": "s", "key": "k"}}}, "kubernetes.secret_env: TF_CONFIG"),
+    ({"secret_env": {"A": {"secret": "wandb"}}}, r"secret_env\.A\.key: required"),
+    ({"secret_env": {"A": {"secret": "Wandb", "key": "k"}}}, "not a Secret name"),
+    ({"secret_env": {"A": {"secret": "w", "key": "a/b"}}}, "not a key of a Secret"),
+    ({"env": {"A": "1"}, "secret_env": {"A": {"secret": "w", "key": "k"}}}, "env and secret_env both set A"),
+    ({"shm": "64GB"}, "kubernetes.shm: '64GB' is not a Kubernetes quantity"),
+    ({"shm": "2Ei"}, "kubernetes.shm: .* more than any pod gets"),
+])
+def test_what_kubernetes_would_refuse_is_refused_by_key(k8s, named):
+    base = {"image": "x", "workers": 10, "volume_claim": "runs"}
+    assert parse_spec({"kubernetes": base, "training": DIGITS}).num_workers == 10  # fine without the extra
+    with pytest.raises(SpecError, match=named):
+        parse_spec({"kubernetes": {**base, **k8s}, "training": DIGITS})
+
+
+def test_every_toleration_kubernetes_takes_renders_and_passes_the_models():
+    tolerations = [{"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists"},
+                   {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+                   {"key": "spot", "operator": "Equal", "value": "", "effect": "PreferNoSchedule"},
+                   {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                    "toleration_seconds": 0}]
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "tolerations": tolerations}, "training": DIGITS})
+    pod = pod_template(validate(yaml.safe_load(render(spec))))["spec"]
+    assert pod["tolerations"] == [
+        {"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "", "effect": "PreferNoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]
+
+
+def test_a_value_from_a_secret_reaches_the_training_and_no_file_of_the_run(tmp_path):
+    """The pod entry, run from the rendered command with the env as the kubelet resolves it (the secretKeyRef's
+    value): the training sees the value; the manifest and every file of the run folder never hold it."""
+    value = "s3cr3t-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]
+    seen = tmp_path / "seen.json"
+    show = f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))"
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "python": PY, "name": "secret-run",
+                                      "workdir": str(tmp_path / "pod"),
+                                      "secret_env": {"WANDB_API_KEY": {"secret": "wandb", "key": "api-key"}}},
+                       "training": {"command": [PY, "-c", show]}})
+    text = render(spec)
+    assert value not in text
+    container = pod_template(validate(yaml.safe_load(text)))["spec"]["containers"][0]
+    secrets = {("wandb", "api-key"): value}  # what the Secret holds in the cluster
+    env = {e["name"]: e["value"] if "value" in e else secrets[e["valueFrom"]["secretKeyRef"]["name"],
+                                                                 e["valueFrom"]["secretKeyRef"]["key"]]
+           for e in container["env"]}
+    (tmp_path / "pod").mkdir()
+    r = subprocess.run(container["command"], env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"}, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(seen.read_text())["WANDB_API_KEY"] == value
+    run = tmp_path / "pod" / ".mgpu" / "runs" / "secret-run"
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("events-") for p in files), files  # the core ran and recorded
+    assert not [p for p in files if value.encode() in p.read_bytes()]
