@@ -4,11 +4,13 @@ naming the file, the key's path and the reason ("did you mean ...?" for a typo).
 from __future__ import annotations
 
 import difflib
+import re
 import stat
 import sys
 from pathlib import Path
+from typing import get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from launcher.errors import SpecError
 from launcher.spec import ClusterSpec, Host, HostOptions, Kubernetes, Launch, Slurm, Training
@@ -36,9 +38,20 @@ _SECTIONS = {"hosts": Host, "defaults": HostOptions, "training": Training, "laun
 
 
 def _near_key(loc: tuple) -> str:
-    """A ' (did you mean ...?)' hint for an unknown key, or ''."""
+    """A ' (did you mean ...?)' hint for an unknown key, or '': among the keys of the table that holds it (also
+    one inside a table: a toleration, a secret_env entry), Kubernetes' camelCase read as snake_case."""
     model = _SECTIONS.get(loc[0], ClusterSpec) if len(loc) > 1 else ClusterSpec
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    for part in loc[1:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        types = [field.annotation] if field else []
+        while types:  # the table in Optional[list[Toleration]], dict[str, SecretKey], ...
+            kind = types.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                model, types = kind, []
+            else:
+                types += get_args(kind)
+    key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(loc[-1])).lower()  # tolerationSeconds: toleration_seconds
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
