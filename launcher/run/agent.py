@@ -20,7 +20,7 @@ from launcher.engines.base import SchedulerCause
 from launcher.errors import Interrupted, RunFailed
 from launcher.run import interrupts, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
-from launcher.run.failure import Failure, FailureKind, stop_words, with_stacks
+from launcher.run.failure import Failure, FailureKind, stop_words, told_once, with_stacks
 from launcher.run.output import Output
 from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
@@ -83,21 +83,25 @@ class Agent:
             self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
                             "against max_restarts); it resumes from its last checkpoint")
         elif ended.outcome == Outcome.FAILED and not final and self.shrink(ended):
-            self.out.say(f"attempt {ended.number} lost a host: {reason}")
+            self.out.say(f"attempt {ended.number} lost a host: {self.told(ended)}")
             left = ", ".join(watch.label(run, p.index) for p in self.engine.plans)
             self.restarting(f"going on with {len(self.engine.plans)} task(s) ({left}); they resume from the "
                             "last checkpoint with a new TF_CONFIG")
         elif ended.outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
             run.restarts += 1
-            self.out.say(f"attempt {ended.number} failed: {reason}")
+            self.out.say(f"attempt {ended.number} failed: {self.told(ended)}")
             self.restarting(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
                             "after that failure; it resumes from its last checkpoint")
         else:
             failure = ended.failure or Failure(kind=FailureKind.SCHEDULER, message=(
                 f"preempted more than max_preemptions = {launch.max_preemptions} times; last: {reason}"))
             run.set_state(RunState.FAILED, failure)
-            raise RunFailed(failure.message)
+            raise RunFailed(told_once(failure, self.out))  # after the record: a stalled screen cannot delay it
         return False
+
+    def told(self, ended: Attempt) -> str:
+        """An attempt's failure in words, without the log lines the screen showed already."""
+        return told_once(ended.failure, self.out) if ended.failure else ended.reason or ""
 
     def restarting(self, words: str) -> None:
         """Say that the group goes on, unless a Ctrl-C or `down` came while the attempt was torn down."""

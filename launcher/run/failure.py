@@ -7,8 +7,10 @@ import dataclasses
 import enum
 import signal
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from launcher.run import fields
+from launcher.run.screen import is_noise
 from worker import protocol
 
 
@@ -84,12 +86,34 @@ def of_exit(ev: protocol.Exit) -> tuple[FailureKind, str]:
 
 def of_task(kind: FailureKind, what: str, index: int, label: str, host: str, log: str, tail: list[str],
             run_id: str, code: int | None = None) -> Failure:
-    """A task's failure, with the paragraph: the task, what happened, its log's last lines, what next."""
-    shown = "\n".join(f"    {line}" for line in tail) or "    (no output)"
-    message = (f"{label} {what}. Every other task was stopped. Last lines of its log ({log}):\n{shown}\n"
+    """A task's failure, with the paragraph: the task, what happened, its log's last lines (without the
+    start-up chatter the screen hides, unless that is all there is), what next."""
+    tail = [line for line in tail if not is_noise(line)] or list(tail)
+    message = (f"{label} {what}. Every other task was stopped. {tail_block(log, tail)}\n"
                f"Read the whole log with 'mgpu-cluster logs {run_id} --task {index}'.")
     return Failure(kind=kind, message=message, task=index, host=host, exit_code=code, signal=signal_name(code),
-                   log=log, tail=list(tail))
+                   log=log, tail=tail)
+
+
+def tail_block(log: str | None, tail: list[str]) -> str:
+    shown = "\n".join(f"    {line}" for line in tail) or "    (no output)"
+    return f"Last lines of its log ({log}):\n{shown}"
+
+
+class Screen(Protocol):
+    def showed(self, index: int, lines: list[str]) -> bool: ...
+
+
+def told_once(failure: Failure, screen: Screen) -> str:
+    """The paragraph for a screen that may have shown the failed task's last lines live already: then they
+    are not told again, only pointed to, with the last of them (the error, as a rule)."""
+    block = tail_block(failure.log, failure.tail)
+    if failure.task is None or not failure.tail or block not in failure.message \
+            or not screen.showed(failure.task, failure.tail):
+        return failure.message
+    pointer = (f"Its log ({failure.log}) ends with the lines shown above (task{failure.task}); the last:\n"
+               f"    {failure.tail[-1]}")
+    return failure.message.replace(block, pointer, 1)
 
 
 def with_stacks(failure: Failure, frames: list[str]) -> Failure:

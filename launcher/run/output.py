@@ -1,4 +1,5 @@
-"""What the launcher prints: its own lines, and each task's lines prefixed and coloured.
+"""What the launcher prints: its own lines, and each task's lines prefixed and coloured (told once: see
+screen.py; only on the printing thread, so `logs` shows every task's own lines).
 
 Printing happens on a thread of its own from a bounded queue, so a terminal that does not drain
 (`up | less`, Ctrl-S, a slow SSH session) or a closed stdout never delays the agent: task lines
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import sys
 import threading
 import time
@@ -19,22 +19,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from launcher.run.screen import Entry, Window, is_noise
+
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 MAX_PENDING_LINES = 2000
-
-# TensorFlow's C++ start-up chatter: kept in worker.log, hidden on screen unless --verbose.
-NOISE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+\.(cc|h):\d+\]"  # 2024-01-01 12:00:00.1: I tensorflow/x.cc:12]
-    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+\.(cc|h):\d+\]"  # absl: I0000 00:00:1795403425.1  8501 x.cc:52]
-    r"|E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ cuda\S*\.cc:\d+\] failed call to cuInit"  # CPU-only: not an error
-    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|To enable the following instructions: .* rebuild TensorFlow"
-    r"|This TensorFlow binary is optimized to use available CPU instructions)"
-)
-
-
-def is_noise(line: str) -> bool:
-    return bool(NOISE.match(line))
+PRINTED_KEPT = 64  # each task's newest lines on screen, to tell whether a failure's tail was shown
 
 
 class _Fd:
@@ -80,6 +69,8 @@ class Output:
         self.dropped: dict[int, int] = {}
         self.lock = threading.Condition()
         self.broken = False  # stdout closed: keep working, print nothing
+        self.screen = Window(collapse=not verbose)
+        self.printed: dict[int, collections.deque] = {}  # None stands for lines not shown
         self.thread = threading.Thread(target=self._print_loop, daemon=True)
         if threaded:
             self.thread.start()
@@ -139,6 +130,19 @@ class Output:
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
+    def showed(self, index: int, lines: list[str], timeout: float = 1.0) -> bool:
+        """Whether the screen showed `lines` (noise aside) as task `index`'s newest lines: a failure's tail
+        that the live stream showed need not be told again. Waits up to `timeout` s for the printer."""
+        want = [line for line in lines if not is_noise(line)]
+        if not want or self.quiet or not self.threaded:
+            return False
+        done = threading.Event()
+        self._put(done)
+        if not done.wait(timeout) or self.broken:
+            return False
+        seen = [line for line in list(self.printed.get(index, ())) if line is None or not is_noise(line)]
+        return seen[-len(want):] == want
+
     # ---- the printing thread
     def _put(self, item) -> None:
         if not self.threaded:
@@ -151,23 +155,44 @@ class Output:
         while True:
             with self.lock:
                 while not self.items and not self.dropped:
-                    self.lock.wait()
+                    due = self.screen.next_due()
+                    if due is not None and due <= time.monotonic():
+                        break
+                    self.lock.wait(None if due is None else due - time.monotonic())
                 dropped, self.dropped = self.dropped, {}
                 item = self.items.popleft() if self.items else False
                 if isinstance(item, tuple):
                     self.pending_lines -= len(item[1])
+            now = time.monotonic()
+            if isinstance(item, tuple):
+                (index, host), lines = item
+                self.screen.add(index, host, lines, now)
+            # anything but a task's lines comes after every line held so far
+            held = self.screen.due(now) if item is False or isinstance(item, tuple) else self.screen.drain()
+            if dropped:
+                held += self.screen.drain()
+            for entry in held:
+                self._print_entry(entry)
             for index, n in sorted(dropped.items()):
                 self._print(Text(f"task{index} | ({n} lines not shown here: the terminal could not keep up; "
                                  "every line is in the task's worker.log)", style="dim"))
+                self._printed(index, None)
             if item is None:
                 return
-            if isinstance(item, tuple):
-                (index, host), lines = item
-                prefix = Text(f"task{index} {host} | ", style=COLOURS[index % len(COLOURS)])
-                for line in lines:
-                    self._print(prefix + Text(line))
-            elif item is not False:
+            if isinstance(item, threading.Event):
+                item.set()
+            elif item is not False and not isinstance(item, tuple):
                 self._print(item)
+
+    def _print_entry(self, entry: Entry) -> None:
+        single = len(entry.tasks) == 1
+        style = COLOURS[entry.tasks[0] % len(COLOURS)] if single else "bold"
+        self._print(Text(entry.prefix, style=style) + Text(entry.text, style="dim" if entry.note else ""))
+        for index in entry.tasks:
+            self._printed(index, None if entry.note or self.broken else entry.text)
+
+    def _printed(self, index: int, line: str | None) -> None:
+        self.printed.setdefault(index, collections.deque(maxlen=PRINTED_KEPT)).append(line)
 
     def _print(self, renderable) -> None:
         if self.broken:
