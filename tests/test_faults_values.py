@@ -96,14 +96,15 @@ def test_host_names_that_look_like_markup_are_shown_as_they_are(cli, tmp_path):
     hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\nname = "{name}"\n'
                     for name in ("w[/]0", "gpu[a100]"))
     spec = tmp_path / "cluster.toml"
-    spec.write_text(f'[defaults]\ngpus = "none"\n{hosts}[training]\n{command("print(1)")}\n')
+    own_line = command("import os; print(os.environ['MGPU_TASK_INDEX'])")  # lines alike would be shown once
+    spec.write_text(f'[defaults]\ngpus = "none"\n{hosts}[training]\n{own_line}\n')
     for args in (["check", spec], ["up", spec], ["status"], ["status", "--json"]):
         r = cli(*args, timeout=120)
         out = r.stdout + r.stderr
         assert r.returncode == 0 and no_traceback(r), out
         assert "gpu[a100]" in out and "w[/]0" in out, out
     up = cli("up", spec, timeout=120)
-    assert "task0 w[/]0 | 1" in up.stdout and "task1 gpu[a100] | 1" in up.stdout, up.stdout
+    assert "task0 w[/]0 | 0" in up.stdout and "task1 gpu[a100] | 1" in up.stdout, up.stdout
 
 
 def test_a_failing_task_with_a_markup_name_is_told_as_it_is(cli, tmp_path):
@@ -111,7 +112,8 @@ def test_a_failing_task_with_a_markup_name_is_told_as_it_is(cli, tmp_path):
     and metric names that look like markup stay as they are."""
     script = ("import json, os, sys; open(os.path.join(os.environ['MGPU_RUN_DIR'], 'progress.json'), 'w').write("
               "json.dumps({'state': 'training', 'global_step': 1, 'metrics': {'[red]acc': 0.5}})); "
-              "print('[bold]said[/]', flush=True); sys.exit(int(os.environ['MGPU_TASK_INDEX']) * 3)")
+              "print('[bold]said[/]', os.environ['MGPU_TASK_INDEX'], flush=True); "  # each its own line
+              "sys.exit(int(os.environ['MGPU_TASK_INDEX']) * 3)")
     hosts = "".join(f'[[hosts]]\naddress = "localhost"\nport = {free_port()}\nname = "{name}"\n'
                     for name in ("w[/]0", "gpu[a100]"))
     spec = tmp_path / "cluster.toml"
@@ -119,7 +121,7 @@ def test_a_failing_task_with_a_markup_name_is_told_as_it_is(cli, tmp_path):
     up = cli("up", spec, timeout=120)
     assert up.returncode == 1 and no_traceback(up), up.stdout + up.stderr
     assert "task 1 (gpu[a100]:" in up.stderr and "exited with code 3" in up.stderr, up.stderr
-    assert "task1 gpu[a100] | [bold]said[/]" in up.stdout and "gpu[a100]:" in up.stdout, up.stdout
+    assert "task1 gpu[a100] | [bold]said[/] 1" in up.stdout and "gpu[a100]:" in up.stdout, up.stdout
     tty = Cli(cli.home, tmp_path)
     tty.env["FORCE_COLOR"] = "1"  # rich draws its table, as on a terminal
     for c, args in ((tty, ["status"]), (cli, ["status"]), (cli, ["logs", "--task", "1"]), (cli, ["down"])):
