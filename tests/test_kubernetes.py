@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import IN_CI, REPO, wait_for
+from conftest import IN_CI, REPO, free_port, wait_for
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -30,7 +31,9 @@ from launcher.errors import SpecError  # noqa: E402
 from launcher.specfile import load_spec, parse_spec  # noqa: E402
 
 PY = sys.executable
-RUN = "train-digits"  # the JobSet's name, which is the run's id
+# the JobSet's name, which is the run's id: unique to this session, as the task core stops what a process of the
+# same run and task leaves on its host (another session of these tests, a CI run beside ours, is such a process)
+RUN = f"digits-{secrets.token_hex(4)}"
 
 
 def gpu_spec():
@@ -198,7 +201,8 @@ def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(
     JobSet's hosts, the task folder and its records are written, and a value of [kubernetes].env wins."""
     show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (
         ["TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL"],)
-    spec = parse_spec({"kubernetes": {"image": "x", "workers": 3, "python": PY, "port": 20001, "name": RUN,
+    port = free_port()  # the core refuses a port that another process holds
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 3, "python": PY, "port": port, "name": RUN,
                                       "workdir": str(tmp_path), "env": {"TF_USE_LEGACY_KERAS": "0"}},
                        "training": {"command": [PY, "-c", show]}})
     m = yaml.safe_load(render(spec))
@@ -208,7 +212,7 @@ def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(
     assert r.returncode == 0, r.stdout + r.stderr
     seen = json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
     name, task = m["metadata"]["name"], tmp_path / ".mgpu" / "runs" / RUN / "task-2"
-    hosts = [f"{name}-worker-0-{i}.{name}:20001" for i in range(3)]
+    hosts = [f"{name}-worker-0-{i}.{name}:{port}" for i in range(3)]
     assert json.loads(seen["TF_CONFIG"]) == {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": 2}}
     assert (seen["MGPU_TASK_INDEX"], seen["MGPU_RUN_DIR"], seen["MGPU_RUN_ID"]) == ("2", str(task), RUN)
     assert seen["TF_USE_LEGACY_KERAS"] == "0"  # the spec's value, not the builder's default

@@ -9,13 +9,14 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import REPO, Cli
+from conftest import REPO, Cli, free_port
 
 from launcher.engines.kubernetes import render
 from launcher.engines.kubernetes.validate import validate
@@ -186,29 +187,32 @@ def test_every_toleration_kubernetes_takes_renders_and_passes_the_models():
         {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]
 
 
+@pytest.mark.cluster
 def test_a_value_from_a_secret_reaches_the_training_and_no_file_of_the_run(tmp_path):
     """The pod entry, run from the rendered command with the env as the kubelet resolves it (the secretKeyRef's
     value): the training sees the value; the manifest and every file of the run folder never hold it."""
     value = "s3cr3t-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]
     seen = tmp_path / "seen.json"
     show = f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))"
-    spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "python": PY, "name": "secret-run",
+    name = f"secret-{secrets.token_hex(4)}"  # the run's id: another session's pod of the same run would stop ours
+    spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "python": PY, "name": name,
+                                      "port": free_port(),  # the core refuses a port another test holds
                                       "workdir": str(tmp_path / "pod"),
                                       "secret_env": {"WANDB_API_KEY": {"secret": "wandb", "key": "api-key"}}},
                        "training": {"command": [PY, "-c", show]}})
     text = render(spec)
     assert value not in text
     container = pod_template(validate(yaml.safe_load(text)))["spec"]["containers"][0]
-    secrets = {("wandb", "api-key"): value}  # what the Secret holds in the cluster
-    env = {e["name"]: e["value"] if "value" in e else secrets[e["valueFrom"]["secretKeyRef"]["name"],
-                                                                 e["valueFrom"]["secretKeyRef"]["key"]]
-           for e in container["env"]}
+    stored = {("wandb", "api-key"): value}  # what the Secret holds in the cluster
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    env = {**{e["name"]: e["value"] for e in container["env"] if "value" in e},
+           **{var: stored[ref["name"], ref["key"]] for var, ref in refs.items()}}
     (tmp_path / "pod").mkdir()
     r = subprocess.run(container["command"], env={**os.environ, **env, "JOB_COMPLETION_INDEX": "0"}, cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(seen.read_text())["WANDB_API_KEY"] == value
-    run = tmp_path / "pod" / ".mgpu" / "runs" / "secret-run"
+    run = tmp_path / "pod" / ".mgpu" / "runs" / name
     files = [p for p in run.rglob("*") if p.is_file()]
     assert any(p.name.startswith("events-") for p in files), files  # the core ran and recorded
     assert not [p for p in files if value.encode() in p.read_bytes()]
