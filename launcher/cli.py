@@ -62,19 +62,32 @@ def check(spec: Path = SpecArg):
 
     upmod.check(spec)
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})
 def up(
+    ctx: typer.Context,
     spec: Path = SpecArg,
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once every task runs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
+    resume: bool = typer.Option(False, "--resume", help="--resume [RUN]: go on from the checkpoint of run RUN, "
+                                "stopped or failed (left out: this spec's newest run); the spec must be as that run "
+                                "had it."),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
 ):
-    """Check SPEC, start every task, stream their output, stop all on the first failure."""
+    """Check SPEC, start every task, stream their output, stop all on the first failure. Arguments after --
+    go to the training: up SPEC -- --epochs 3."""
     from launcher import up as upmod
+    from launcher.errors import SpecError
 
-    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id)
+    dashes = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+    after = min(len(ctx.args), len(sys.argv) - dashes - 1)  # the extra arguments that came after --
+    before, args = ctx.args[:len(ctx.args) - after], ctx.args[len(ctx.args) - after:]
+    if len(before) > int(resume):
+        raise SpecError(f"up: unexpected argument(s) {' '.join(before)!r}; the training's own arguments go "
+                        "after --: mgpu-cluster up SPEC -- --epochs 3")
+    upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id,
+             resume=(before[0] if before else "") if resume else None, args=args)
 
 @app.command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):

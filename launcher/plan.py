@@ -11,6 +11,9 @@ from launcher.spec import ClusterSpec, Host
 from launcher.specbase import SECRET
 from worker.host import layout
 from worker.host.env import endpoint, task_environment
+from worker.host.spawn import module_argv
+
+SUPERVISOR = "worker.task.supervised"  # the on-host entry of local and SSH tasks
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,15 @@ class TaskPlan:
         return f"task {self.index} ({self.host.label}:{port})" if port else f"task {self.index} ({self.host.label})"
 
     def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
+        return module_argv(self.python, SUPERVISOR) + self.supervisor_args(attempt, lifeline)
+
+    def supervisor_args(self, attempt: int, lifeline: float | None = None) -> list[str]:
+        """The supervisor's arguments (after its module): a held preflight check passes them on."""
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
-        return [self.python, "-m", "worker.task.supervised", "--run-dir", self.run_dir, "--attempt", str(attempt),
-                "--port", str(self.host.port), "--grace", f"{self.grace:g}",
-                "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra, "--", *self.argv]
+        return ["--run-dir", self.run_dir, "--attempt", str(attempt), "--port", str(self.host.port),
+                "--grace", f"{self.grace:g}", "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra,
+                "--", *self.argv]
 
 
 def run_root(host: Host, run_id: str) -> str:
@@ -60,8 +67,8 @@ def host_env(host: Host) -> dict[str, str]:
 def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     t = spec.training
     if t.command is not None:
-        return tuple(t.command)
-    argv = [python, "-m", "worker", "--entrypoint", t.entrypoint]
+        return (*t.command, *t.args)
+    argv = [*module_argv(python, "worker"), "--entrypoint", t.entrypoint]
     for flag, value in (("--epochs", t.epochs), ("--steps-per-epoch", t.steps_per_epoch),
                         ("--batch-size-per-replica", t.batch_size_per_replica), ("--learning-rate", t.learning_rate)):
         if value is not None:
@@ -80,7 +87,7 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
         argv += ["--local-replicas", str(t.local_replicas)]
     if t.collective.value != "auto":
         argv += ["--collective", t.collective.value]
-    return tuple(argv)
+    return (*argv, *t.args)
 
 
 def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) -> list[TaskPlan]:

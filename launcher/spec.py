@@ -88,6 +88,7 @@ class Collective(str, enum.Enum):
 class Training(_Model):
     entrypoint: Optional[str] = None
     command: Optional[list[str]] = Field(default=None, min_length=1)
+    args: list[str] = []  # appended to the training's command line; `up SPEC -- ARGS` appends more
     # None: the entrypoint's own default
     epochs: Optional[Count] = None
     steps_per_epoch: Optional[Count] = None

@@ -55,10 +55,20 @@ def _near_key(loc: tuple) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _misplaced(loc: tuple) -> str:
+    """A hint for a top-level key (`sync`) written below a [table] header, where TOML puts it into that table."""
+    key, table = str(loc[-1]), str(loc[0])
+    if len(loc) < 2 or key not in ClusterSpec.model_fields or key in _SECTIONS:
+        return ""
+    header = f"[[{table}]]" if table == "hosts" else f"[{table}]"
+    return (f": '{key}' belongs at the top of the file, above the first [table] line (every key after {header} "
+            f"belongs to that table); move it up there")
+
+
 def _message(err: dict) -> str:
     loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{_where(loc)}: unknown key{_near_key(loc)}"
+        return f"{_where(loc)}: unknown key{_misplaced(loc) or _near_key(loc)}"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         msg = "required key is missing"

@@ -13,6 +13,8 @@ from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, S
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
+from launcher.resume import resumed
+from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, summary
 from launcher.run.states import RunState
@@ -54,21 +56,33 @@ def check(spec_path: Path) -> None:
         engine.close()
 
 
+def with_args(spec: ClusterSpec, args: list[str]) -> ClusterSpec:
+    """The spec with `args` (those after `up SPEC --`) added to the training's command line."""
+    training = spec.training.model_copy(update={"args": [*spec.training.args, *args]})
+    return spec.model_copy(update={"training": training})
+
+
 def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool = False, verbose: bool = False,
-       run_id: str | None = None) -> None:
-    spec = load_spec(spec_path)
+       run_id: str | None = None, resume: str | None = None, args: list[str] | None = None) -> None:
+    """`resume`: the run to go on from ('': the newest of this spec); `args`: more arguments for the training."""
+    spec, resuming = load_spec(spec_path), None
+    if resume is not None:
+        spec, resuming, resume = resumed(spec, spec_path, resume)
+    spec = with_args(spec, args or [])
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
     planned = engine_for(spec, run_id)
     plans = planned.plans
     if dry_run:
         out = Output(threaded=False)
+        if resuming:
+            out.say(resuming)
         return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
     launching(spec_path, planned)
     if detach:
         from launcher.run.detach import start_detached
 
-        return start_detached(spec_path, run_id, len(plans), verbose)
+        return start_detached(spec_path, run_id, len(plans), verbose, resume=resume, args=args or [])
     owner = record.Owner.create(run_id, spec_path, plans, detached=background)
     run = owner.record
     planned.close()
@@ -78,6 +92,8 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     claims: list[Lock] = []
     t0 = time.time()
     try:
+        if resuming:
+            out.say(resuming)
         out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
         claims = engine.claim_ports()
         checks = engine.preflight(Path(spec_path).parent, out.say, for_start=True)

@@ -59,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="BackupAndRestore folder, shared by the run's tasks "
                         "(default: $MGPU_RUN_DIR/../checkpoint, else ./checkpoint)")
+    p.add_argument("--resume-from", metavar="DIR",
+                   help="go on from the checkpoint in DIR (an earlier run's): its files are linked into "
+                        "this run's checkpoint folder when that holds none (`up --resume`)")
     p.add_argument("--checkpoint-every-steps", type=positive, metavar="N",
                    help="also save a checkpoint every N global steps, so that a run killed "
                         "without notice resumes mid-epoch (default: the task's, else only at "
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         entrypoint=args.entrypoint, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
         batch_size_per_replica=args.batch_size_per_replica, learning_rate=args.learning_rate,
         scale_learning_rate=args.scale_learning_rate, checkpoint_dir=args.checkpoint_dir,
+        resume_from=args.resume_from,
         checkpoint_every_steps=args.checkpoint_every_steps,
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,

@@ -1,6 +1,7 @@
 """Checks one host's tasks for the launcher's preflight and prints one JSON report (no TensorFlow import).
 Host-wide things (interpreter, versions, entrypoint or program, GPUs) are checked once, ports and folders
-per task; with --mesh, the cluster check too. The launcher calls `check_tasks` directly when it can."""
+per task; with --mesh, the cluster check too. The launcher calls `check_tasks` directly when it can. With
+--import (`check`), the entrypoint is also imported, in a child python with the task's folder and environment."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import os
 import platform
 import shutil
 import socket
+import subprocess
 import sys
+import threading
 import time
 from importlib.machinery import PathFinder
 
 from worker.devices import gpu_indices, interface_for, task_devices
 from worker.mesh import mesh
+from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import Ports
+
+IMPORT_TIMEOUT_S = 45.0  # below the launcher's wait for the whole report
+OUTPUT_MAX = 8192  # bytes of the import's output kept (its last ones)
 
 
 def version(dist: str) -> str | None:
@@ -54,11 +61,13 @@ def find_module(name: str, path: list[str]):
     return spec
 
 
-def entrypoint_problem(entrypoint: str, cwd: str) -> str | None:
-    """Whether module:function can be found from `cwd`, without importing anything (no TensorFlow)."""
+def entrypoint_problem(entrypoint: str, cwd: str, search: list[str] | None = None) -> str | None:
+    """Whether module:function can be found from `cwd`, without importing anything (no TensorFlow); `search`:
+    the interpreter's own path (default: this process's, less sys.path[0], its own folder)."""
     module, _, func = entrypoint.partition(":")
-    try:
-        spec = find_module(module, [cwd, *sys.path[1:]])  # sys.path[0]: this process's own folder
+    search = sys.path[1:] if search is None else search
+    try:  # our package comes first in the runner, whatever the workdir holds (worker.host.spawn)
+        spec = find_module(module, search if module.split(".")[0] == "worker" else [cwd, *search])
     except (ImportError, ValueError) as exc:
         return f"module {module!r} cannot be found: {exc}"
     if spec is None:
@@ -108,7 +117,103 @@ def writable_problem(path: str) -> str | None:
     return None
 
 
-def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str | None = None) -> dict:
+def printable(text: str, limit: int = 300) -> str:
+    """Untrusted text for a one-line message: control characters replaced, cut to `limit` characters."""
+    text = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _keep_tail(stream, into: bytearray) -> None:
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        into.extend(chunk)
+        del into[:-OUTPUT_MAX]
+
+
+class ImportCheck:
+    """The entrypoint imported as the runner will (`python -m worker.entrypoint`, this interpreter, the task's
+    folder and environment), in a child of its own: started at once, read last, bounded by a timeout; what the
+    module prints is untrusted and cut."""
+
+    def __init__(self, entrypoint: str, cwd: str, env: dict[str, str], timeout: float = IMPORT_TIMEOUT_S):
+        self.entrypoint, self.cwd, self.timeout = entrypoint, cwd, timeout
+        self.deadline = time.monotonic() + timeout
+        self.out, self.err = bytearray(), bytearray()
+        argv = module_argv(sys.executable, "worker.entrypoint") + [entrypoint]
+        self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     **OWN_GROUP)
+        self.readers = [threading.Thread(target=_keep_tail, args=(stream, buf), daemon=True)
+                        for stream, buf in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+
+    def problem(self) -> str | None:
+        module = self.entrypoint.partition(":")[0]
+        try:
+            self.proc.wait(max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return (f"importing entrypoint module {module!r} did not finish within {self.timeout:g} s (in "
+                    f"{self.cwd}, with {sys.executable}): does it load data or wait at import? Move that into "
+                    "the entrypoint function")
+        for t in self.readers:
+            t.join(1.0)
+        try:
+            report = json.loads(bytes(self.out).decode("utf-8", "replace").strip().splitlines()[-1])
+            ok, error, where = report["ok"] is True, printable(str(report.get("error"))), report.get("where")
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+            said = bytes(self.err).decode("utf-8", "replace").strip().splitlines() or ["no output"]
+            return (f"importing entrypoint module {module!r} ended (exit code {self.proc.returncode}) before it "
+                    f"could say how it went, in {self.cwd} with {sys.executable}: {printable(said[-1])}")
+        if ok:
+            return None
+        at = f" ({printable(str(where))})" if where else ""
+        shadow = [n for n in ("worker.py", "worker") if os.path.exists(os.path.join(self.cwd, n))]
+        note = (f"; {os.path.join(self.cwd, shadow[0])} has the name of mgpu-cluster's package 'worker', which "
+                "the runner imports first: rename yours" if shadow and "worker" in error else "")
+        return (f"entrypoint {self.entrypoint!r} cannot be imported in {self.cwd} with {sys.executable}: "
+                f"{error}{at}{note}. Run `{os.path.basename(sys.executable)} -c 'import {module}'` there to see "
+                "the whole traceback")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, 9)  # its own group: whatever the module started too
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+
+def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str]) -> dict[str, ImportCheck]:
+    """One import check per task folder, started now (they run while the other checks do)."""
+    here, found = os.getcwd(), {}
+    for t in tasks:
+        cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
+        if cwd not in found and os.path.isdir(cwd):
+            found[cwd] = ImportCheck(entrypoint, cwd, env)
+    return found
+
+
+def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, env: dict[str, str] | None = None,
+               search: list[str] | None = None, also=lambda report: None) -> dict:
+    """check_tasks, and with `env` (`check`) the entrypoint imported in each task folder meanwhile (in place of
+    the static look for it); `also(report)` runs while the imports do (the cluster check)."""
+    imports = start_imports(tasks, entrypoint, env) if env is not None and entrypoint else {}
+    try:
+        report = check_tasks(tasks, None if imports else entrypoint, program, search)
+        also(report)
+        here = os.getcwd()
+        problems = {cwd: check.problem() for cwd, check in imports.items()}
+        for t, entry in zip(tasks, report["tasks"]):
+            problem = problems.get(os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here)
+            entry["problems"] += [problem] if problem else []
+        return report
+    finally:
+        for check in imports.values():
+            check.stop()
+
+
+def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str | None = None,
+                search: list[str] | None = None) -> dict:
     """Every task's problems; what depends only on the host (and folder) is looked at once."""
     here = os.getcwd()
     ports = Ports()
@@ -133,7 +238,7 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
             who = f"pid {holder['pid']} ({holder['name']}: {holder['cmdline']})" if holder["pid"] else holder["cmdline"]
             problems.append(f"port {t['port']} is in use by {who}")
         if entrypoint:
-            problems.append(once(("entrypoint", cwd), entrypoint_problem, entrypoint, cwd))
+            problems.append(once(("entrypoint", cwd), entrypoint_problem, entrypoint, cwd, search))
         if program:
             problems.append(once(("program", cwd), program_problem, program, cwd))
         if t.get("gpus") != "none" and not gpus:
@@ -175,12 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", type=float, metavar="S", help="after the report, wait up to S seconds for "
                         "'go' on stdin and become the task's supervisor (the arguments after --): `up` starts "
                         "a remote task without a second remote shell and Python")
+    parser.add_argument("--import", dest="imports", action="store_true", help="also import the entrypoint, in "
+                        "a child python in each task's folder, with the environment given as stdin's first line "
+                        "(a JSON object)")
     parser.add_argument("supervisor", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    report = check_tasks(args.task, args.entrypoint, args.program)
-    if args.mesh is not None:
-        mine = {t["index"]: t["port"] for t in args.task}
-        report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
+    env = _env_line() if args.imports else None
+
+    def cluster_check(report: dict) -> None:
+        if args.mesh is not None:
+            mine = {t["index"]: t["port"] for t in args.task}
+            report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
+
+    # sys.path as given: our entries run with nothing put before it (worker.host.spawn)
+    report = check_host(args.task, args.entrypoint, args.program, env, sys.path, cluster_check)
     print(json.dumps(report), flush=True)
     if args.hold and _line(args.hold) == b"go":
         from worker.task import supervised as supervisor
@@ -188,6 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         code = supervisor.main(args.supervisor[1:] if args.supervisor[:1] == ["--"] else args.supervisor)
         os._exit(code)  # as the supervisor's own __main__: don't wait for its watcher threads
     return 0
+
+
+def _env_line() -> dict[str, str]:
+    """The task's environment, stdin's first line (a JSON object; never on a command line)."""
+    line = _line(IMPORT_TIMEOUT_S)
+    try:
+        env = json.loads(line) if line else {}
+    except ValueError:
+        env = {}
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
 
 def _line(seconds: float) -> bytes:

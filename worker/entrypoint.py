@@ -1,13 +1,16 @@
 """An entrypoint's contract: `module:function` returns a `Task`; its data builders get a `DataContext`.
 
-No TensorFlow import here (the examples import this module at no cost).
+No TensorFlow import here (the examples import this module at no cost). `python -m worker.entrypoint
+MODULE:FUNCTION` imports an entrypoint as the runner would and says what became of it (the preflight's check).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -119,3 +122,34 @@ def first_set(*values, default):
         if value is not None:
             return value
     return default
+
+
+def import_report(spec: str) -> dict:
+    """Import the entrypoint as the runner does: {"ok": true}, or what went wrong and where."""
+    try:
+        resolve_entrypoint(spec)
+        return {"ok": True}
+    except EntrypointError as exc:
+        return {"ok": False, "error": str(exc)}
+    except BaseException as exc:  # whatever the module raised at import (SystemExit and KeyboardInterrupt too)
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = next((f for f in reversed(frames) if f.filename != __file__ and "importlib" not in f.filename),
+                     None)
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}".strip(),
+                "where": f"{where.filename}, line {where.lineno}" if where else None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One JSON line on stdout; what the module prints while imported goes to stderr. Ends the process (a
+    module may leave threads behind)."""
+    args = sys.argv[1:] if argv is None else argv
+    report = os.dup(1)
+    os.dup2(2, 1)
+    result = import_report(args[0]) if len(args) == 1 else {"ok": False, "error": "give one MODULE:FUNCTION"}
+    sys.stdout.flush()
+    os.write(report, (json.dumps(result) + "\n").encode())
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

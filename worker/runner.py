@@ -18,6 +18,7 @@ from worker import checkpoints
 from worker.checkpoints import (Preempted, checkpoint_callbacks, check_backup_visible,
                                 notice_held)
 from worker.data import input_pipelines
+from worker.host import layout
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
                                load_entrypoint, resolve_entrypoint)
 from worker.progress import ProgressWriter
@@ -44,6 +45,7 @@ class RunConfig:
     learning_rate: float | None = None
     scale_learning_rate: bool = True
     checkpoint_dir: str | None = None
+    resume_from: str | None = None  # an earlier run's checkpoint folder, adopted when this run has none
     checkpoint_every_steps: int | None = None
     tensorboard: str | None = None
     mixed_precision: bool = False
@@ -58,7 +60,37 @@ class RunConfig:
 def default_dirs(run_dir: str | None) -> tuple[str, str]:
     """(model_dir, checkpoint_dir): the run folder (parent of the task folder) or ./."""
     base = os.path.dirname(os.path.abspath(run_dir)) if run_dir else os.getcwd()
-    return base, os.path.join(base, "checkpoint")
+    return base, layout.checkpoint_dir(base)
+
+
+def adopt_checkpoint(source: str, target: str) -> str:
+    """An earlier run's checkpoint (`source`) made this run's own (`target`): its files linked (copied where
+    links cannot be made), so that each run keeps its own and the earlier one stays as it was. A target that
+    holds files already is left alone (a restart of this run, or another task of this host was first).
+    What was done, in words."""
+    source, target = os.path.abspath(source), os.path.abspath(target)
+    if source == target or os.path.isdir(target) and os.listdir(target):
+        return f"resuming from the checkpoint in {target}"
+    if not os.path.isdir(source) or not os.listdir(source):
+        return f"no checkpoint in {source} (its run stopped before the first was saved): training starts over"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    temporary = tempfile.mkdtemp(prefix=".adopt-", dir=os.path.dirname(target))
+    try:
+        shutil.copytree(source, os.path.join(temporary, "c"), symlinks=True, copy_function=link)
+        os.rename(os.path.join(temporary, "c"), target)  # whole or not at all; a folder there already wins
+    except OSError:
+        if not (os.path.isdir(target) and os.listdir(target)):
+            raise
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return f"resuming from the checkpoint of {source} (linked into {target})"
 
 
 def build_optimizer(keras, task: Task, learning_rate):
@@ -121,6 +153,8 @@ def run(config: RunConfig) -> dict:
     model_dir, checkpoint_dir = default_dirs(run_dir)
     model_dir = config.model_dir or model_dir
     checkpoint_dir = config.checkpoint_dir or checkpoint_dir
+    if config.resume_from:
+        _say(adopt_checkpoint(config.resume_from, checkpoint_dir))
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
     writer.update(force=True, epochs=epochs, replicas=replicas)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from launcher.engines.base import Engine, parallel
 from worker.stacks import Stacks
+from worker.host.spawn import module_argv
 
 CALL_TIMEOUT_S = 40.0  # `mgpu-cluster stacks`: someone waits for them
 HANG_TIMEOUT_S = 6.0  # at a hang, before the peers are stopped: they must not delay fail-fast much
@@ -46,7 +47,7 @@ def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskSt
         return TaskStacks(index, host, pid, None, "its training process is not known (not started?)")
     plan = engine.plan[index]
     # py-spy gets half the time: one that does not answer is told by worker.stacks, not by a cut call
-    argv = [plan.python, "-m", "worker.stacks", "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
+    argv = [*module_argv(plan.python, "worker.stacks"), "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
     if len(task) > 3:  # only the process started then is read: by now the pid may name another one
         if task[3] is None:
             return TaskStacks(index, host, pid, None, "the start time of its training process is not recorded, so "

@@ -17,12 +17,14 @@ from worker.host.clock import wait_until
 DETACH_WAIT_S = 300.0
 
 
-def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = False) -> None:
-    """Start `up` in the background; return once every task of the run has started (the agent's fact:
-    the run is running) or the run ended. A wait that runs out stops nothing: the run goes on."""
+def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = False, resume: str | None = None,
+                   args: list[str] | tuple = ()) -> None:
+    """Start `up` in the background (`resume`, `args`: as up's); return once every task of the run has started
+    (the agent's fact: the run is running) or the run ended. A wait that runs out stops nothing: the run goes on."""
     folder = record.runs_dir(create=True)
     out_path = folder / f".{run_id}.out"  # the background launcher's own stdout, moved into its run folder
-    argv = [sys.executable, "-m", "launcher", "up", str(spec_path), "--quiet", "--run-id", run_id]
+    argv = [sys.executable, "-m", "launcher", "up", str(spec_path), "--quiet", "--run-id", run_id,
+            *(["--resume", resume] if resume else []), "--", *args]
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -23,6 +23,7 @@ P = TypeVar("P", str, Path)
 MGPU_DIR = ".mgpu"  # under a workdir; a Kubernetes volume is mounted here
 RUNS = "runs"
 LOCAL_HOSTS = ("hosts", "localhost")  # under the control machine's run folder
+CHECKPOINT = "checkpoint"  # the built-in runner's, in the run's folder
 
 # a task's folder
 WORKER_LOG = "worker.log"  # the training's stdout and stderr, whole
@@ -58,6 +59,11 @@ def run_root(workdir: P, run_id: str) -> P:
 def local_run_root(record_dir: Path) -> Path:
     """A local host without a workdir: its run folder under the control machine's record of the run."""
     return record_dir.joinpath(*LOCAL_HOSTS)
+
+
+def checkpoint_dir(root: P) -> P:
+    """The built-in runner's checkpoint folder, beside the task folders (its default)."""
+    return _join(root, CHECKPOINT)
 
 
 def task_dir(root: P, index: int) -> P:

@@ -9,3 +9,14 @@ from __future__ import annotations
 import sys
 
 OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+
+# `python -m M` puts the current folder first on sys.path, where a user's worker.py would take our package's
+# name; our entries run through this instead, with that entry dropped (the built-in runner puts the workdir back
+# once our package is imported, so the user's entrypoint still imports from there).
+BOOT = ('import runpy,sys;sys.path[:]=filter(None,sys.path);'
+        'runpy.run_module(sys.argv.pop(1),run_name="__main__",alter_sys=True)')
+
+
+def module_argv(python: str, module: str) -> list[str]:
+    """The command line that runs our module `module` (as `python -m` would) with `python`, on any host."""
+    return [python, "-c", BOOT, module]

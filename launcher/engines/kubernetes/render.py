@@ -13,6 +13,7 @@ from launcher.spec import ClusterSpec
 from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, Toleration, pod_host
 from worker.host import layout
 from worker.protocol import EXIT_PREEMPTED
+from worker.host.spawn import module_argv
 
 PREEMPTED_RULE = "preempted"
 RUN_LABEL = OWN_LABELS + "run"  # the run's id, the JobSet's name: kubectl logs -l mgpu-cluster/run=<name>
@@ -30,8 +31,8 @@ def host_pattern(spec: ClusterSpec) -> str:
 
 def pod_command(spec: ClusterSpec) -> list[str]:
     k8s, launch = spec.kubernetes, spec.launch
-    return [k8s.python, "-m", "worker.task.pod", "--run-id", k8s.jobset, "--run-dir", run_folder(spec), "--hosts",
-            host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
+    return [*module_argv(k8s.python, "worker.task.pod"), "--run-id", k8s.jobset, "--run-dir", run_folder(spec),
+            "--hosts", host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
             "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", "--",
             *worker_argv(spec, k8s.python)]
 

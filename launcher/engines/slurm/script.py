@@ -13,6 +13,7 @@ from launcher.engines.slurm.plan import JOB_OUT, described_environment, job_name
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
 from worker.host import layout
+from worker.host.spawn import module_argv
 
 SAFE = re.compile(r"^[\w./@%:=+,-]+$")
 SHOWN_CHARS = 1000  # of one value in the dry run (TF_CONFIG grows with the nodes)
@@ -40,7 +41,7 @@ def srun_argv(spec: ClusterSpec, run_id: str, attempt: int) -> list[str]:
     """The step: one task per node (each under the task core), the whole step ended by Slurm when one
     task fails; each task stops itself when the launcher stops touching its lifeline (layout.ALIVE)."""
     cfg, root, launch = spec.slurm, run_folder(spec, run_id), spec.launch
-    core = [cfg.python, "-m", "worker.task.slurm", "--run-dir", root, "--attempt", str(attempt),
+    core = [*module_argv(cfg.python, "worker.task.slurm"), "--run-dir", root, "--attempt", str(attempt),
             "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
             "--lifeline", f"{launch.lifeline:g}"]
     if cfg.port:

@@ -21,7 +21,8 @@ from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
 from launcher.engines.supervised.sync import run_sync
-from launcher.engines.supervised.transport import LocalTransport, Transport
+from launcher.engines.supervised.transport import LocalTransport, Transport, env_line
+from worker.host.spawn import module_argv
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
@@ -85,7 +86,7 @@ def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[Task
 
 def doctor_argv(spec: ClusterSpec, group: list[TaskPlan], shared_cwd: bool) -> list[str]:
     t = spec.training
-    argv = [group[0].python, "-m", "worker.doctor"]
+    argv = module_argv(group[0].python, "worker.doctor")
     argv += ["--entrypoint", t.entrypoint] if t.entrypoint else ["--program", t.command[0]]
     for p in group:
         argv += ["--task", json.dumps(task_doc(spec, p, cwd=not shared_cwd), separators=(",", ":"))]
@@ -117,20 +118,24 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
                 mesh: list[str] | None, hold: bool = False) -> dict:
     """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks.
 
-    hold (`up`, a remote host with one task): the doctor stays, to become the task's supervisor."""
+    hold (`up`, a remote host with one task): the doctor stays, to become the task's supervisor. Without it
+    (`check`), the doctor also imports the entrypoint, with the environment of the group's first task."""
+    imports = not hold and spec.training.entrypoint is not None
     if isinstance(transport, LocalTransport) and same_interpreter(group[0]):
         from worker import doctor
 
         docs = [task_doc(spec, p, cwd=True) for p in group]
-        return doctor.check_tasks(docs, spec.training.entrypoint, None if spec.training.entrypoint
-                                  else spec.training.command[0])
+        return doctor.check_host(docs, spec.training.entrypoint, None if spec.training.entrypoint
+                                 else spec.training.command[0], env=group[0].env if imports else None)
     shared_cwd = len({p.cwd for p in group}) == 1
     argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
     timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
     lead = group[0] if shared_cwd else dataclasses.replace(group[0], cwd=None)
     if hold and len(group) == 1 and transport.can_hold:
-        argv += ["--hold", f"{HOLD_S:g}", "--", *lead.supervisor_argv(0, lifeline=spec.launch.lifeline)[3:]]
+        argv += ["--hold", f"{HOLD_S:g}", "--", *lead.supervisor_args(0, lifeline=spec.launch.lifeline)]
         code, out, err = transport.call_and_hold(lead, argv, timeout)
+    elif imports:  # the task's environment travels on stdin, never on a command line
+        code, out, err = transport.call(lead, argv + ["--import"], timeout, stdin=env_line(group[0]))
     else:
         code, out, err = transport.call(lead, argv, timeout)
     problem = report_problem(group[0], shared_cwd, code, out, err)

@@ -26,6 +26,7 @@ from launcher.engines.supervised.sftp import sync_over_sftp
 from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, Transport, env_line, pump
 from worker.host import layout
 from worker.host.files import READ_MAX_BYTES
+from worker.host.spawn import module_argv
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -150,12 +151,12 @@ class SSHTransport(Transport):
         raise AssertionError("unreachable")
 
     # ---- short commands
-    def run(self, command: str, timeout: float = CALL_TIMEOUT_S) -> tuple[int, str, str]:
-        """Run a shell line on the host: (exit code, stdout, stderr), within `timeout` seconds."""
-        code, out, err = self.run_bytes(command, timeout)
+    def run(self, command: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> tuple[int, str, str]:
+        """Run a shell line on the host, `stdin` its input: (exit code, stdout, stderr), within `timeout` seconds."""
+        code, out, err = self.run_bytes(command, timeout, stdin)
         return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
-    def run_bytes(self, command: str, timeout: float = CALL_TIMEOUT_S) -> tuple[int, bytes, bytes]:
+    def run_bytes(self, command: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
         """As run(), its output as the bytes the command wrote."""
         deadline = time.monotonic() + timeout
         ch = self._exec(command, timeout)
@@ -168,6 +169,7 @@ class SSHTransport(Transport):
                 err.extend(ch.recv_stderr(65536))
 
         try:
+            ch.sendall(stdin)
             ch.shutdown_write()  # no one types: the command sees EOF on stdin
             while not ch.status_event.wait(POLL_S):
                 drain()
@@ -184,8 +186,8 @@ class SSHTransport(Transport):
             close_quietly(ch)
         return code, bytes(out), bytes(err)
 
-    def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        return self.run(shell_command(argv, plan.cwd), timeout)
+    def call(self, plan: TaskPlan, argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
+        return self.run(shell_command(argv, plan.cwd), timeout, stdin)
 
     def call_and_hold(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """As call(), for a command that prints one line and then waits (`worker.doctor --hold`): that
@@ -273,7 +275,7 @@ class SSHTransport(Transport):
                     self.forget(ch)
 
     def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[dict]:
-        argv = [plans[0].python, "-m", "worker.task.probe", *flag, *[p.run_dir for p in plans]]
+        argv = [*module_argv(plans[0].python, "worker.task.probe"), *flag, *[p.run_dir for p in plans]]
         code, out, err = self.call(plans[0], argv, timeout)
         try:  # its last line is the report (a login script may print before it)
             return json.loads((out.strip().splitlines() if code == 0 else [])[-1])

@@ -52,8 +52,8 @@ class Transport:
         """Stop tasks from their folders alone (no live handle needed)."""
         raise NotImplementedError
 
-    def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """Run a short command in the task's folder on its host: (exit code, stdout, stderr)."""
+    def call(self, plan: TaskPlan, argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
+        """Run a short command in the task's folder on its host, `stdin` its input: (exit code, stdout, stderr)."""
         raise NotImplementedError
 
     def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
@@ -99,13 +99,13 @@ class LocalTransport(Transport):
         self.lock = threading.Lock()
         self.closed = False
 
-    def call(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
+    def call(self, plan: TaskPlan, argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
         with self.lock:  # a close() (Ctrl-C) never misses a command that is just starting
             if self.closed:
                 raise RuntimeError("interrupted")
             try:
-                proc = subprocess.Popen(argv, cwd=plan.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, errors="replace",
+                proc = subprocess.Popen(argv, cwd=plan.cwd, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                                         start_new_session=True)  # Ctrl-C reaches us, and we stop it
             except FileNotFoundError as exc:
                 if plan.cwd and exc.filename == plan.cwd:
@@ -115,7 +115,7 @@ class LocalTransport(Transport):
                 return 126, "", f"{argv[0]}: permission denied"
             self.calls.add(proc)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(stdin.decode() if stdin else None, timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             out, err = proc.communicate()

@@ -1,0 +1,110 @@
+"""`up --resume [RUN]`: which earlier run a new run goes on from, whether it can, and the spec that does it
+(the built-in runner's `--resume-from`, the earlier run's checkpoint folder on each host)."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from launcher.errors import RunCorrupt, SpecError
+from launcher.listing import past_preflight, run_ids
+from launcher.plan import SECRET, run_root
+from launcher.run import files, record
+from launcher.run.states import RunState
+from launcher.spec import ClusterSpec
+from launcher.specfile import load_spec
+from worker.host import layout
+
+SHOWN_MAX = 12  # differences listed
+
+
+def earlier_run(spec_path: Path) -> str:
+    """The newest run of this spec file that got past its preflight."""
+    wanted = str(Path(spec_path).resolve())
+    for run_id in run_ids():
+        try:
+            run = record.load(run_id)
+        except (RunCorrupt, SpecError, OSError):
+            continue
+        if run.spec_path == wanted and past_preflight(run):
+            return run_id
+    raise SpecError(f"--resume: no earlier run of {spec_path} to go on from; 'mgpu-cluster ls' lists the runs "
+                    "(give one: --resume RUN).")
+
+
+def _flat(value, path: str = ""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flat(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for i, item in enumerate(value):
+            yield from _flat(item, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def differences(then: ClusterSpec, now: ClusterSpec) -> list[str]:
+    """Each key whose value differs, as 'key: <then> then, <now> now' (secret-looking env values hidden)."""
+    old, new = dict(_flat(then.model_dump(mode="json"))), dict(_flat(now.model_dump(mode="json")))
+
+    def shown(key: str, value) -> str:
+        return "(not set)" if value is None else "****" if SECRET.search(key.rsplit(".", 1)[-1]) else repr(value)
+
+    return [f"{key}: {shown(key, old.get(key))} then, {shown(key, new.get(key))} now"
+            for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
+
+
+def spec_of(run: record.RunRecord) -> ClusterSpec:
+    path = record.run_path(run.run_id) / "spec.toml"
+    try:
+        files.read_file(path)  # the copy is untrusted bytes too: a regular file, of a bounded size
+        return load_spec(path, base=Path(run.spec_path).parent)
+    except (SpecError, RunCorrupt, FileNotFoundError) as exc:
+        raise RunCorrupt(f"--resume {run.run_id}: the copy of its spec that the run keeps cannot be read "
+                         f"({str(exc)[:300]}), so it cannot be compared with this one; start a new run instead."
+                         ) from None
+
+
+def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpec, str, str]:
+    """The spec of a run that goes on from run `run_id` ('': the newest of this spec), a line saying so, and
+    that run's id.
+    Refused (SpecError, exit 2) where it cannot: another engine, your own command, a run not ended or one that
+    finished, a spec that differs from the one that run was started with."""
+    if spec.hosts is None:
+        raise SpecError(f"{spec_path}: --resume goes on from a local or SSH run's checkpoint. With [slurm] or "
+                        "[kubernetes], set checkpoint_dir to a folder every run sees (a shared folder, or the "
+                        "volume_claim): each new run resumes from the checkpoint it finds there.")
+    if spec.training.command is not None:
+        raise SpecError(f"{spec_path}: --resume moves the built-in runner's checkpoint ('entrypoint'); your "
+                        "command keeps its own: point it at the same folder again (MGPU_RUN_DIR names each run's "
+                        "task folder).")
+    run_id = run_id or earlier_run(spec_path)
+    run = record.load(run_id)
+    if not run.ended:
+        raise SpecError(f"--resume {run_id}: that run has not ended ({run.state}); two runs must not train into "
+                        f"one checkpoint. Stop it first ('mgpu-cluster down {run_id}'; 'mgpu-cluster status "
+                        f"{run_id}' asks its hosts when its launcher is gone), then resume.")
+    if run.state == RunState.SUCCEEDED:
+        raise SpecError(f"--resume {run_id}: that run succeeded, so its training is over and its checkpoint was "
+                        "removed at its end; nothing is left to go on from. Start a new run instead.")
+    changed = differences(spec_of(run), spec)
+    if changed:
+        more = f"\n  ... and {len(changed) - SHOWN_MAX} more" if len(changed) > SHOWN_MAX else ""
+        raise SpecError(f"--resume {run_id}: {spec_path} differs from the spec that run was started with, so its "
+                        "checkpoint may not fit this training:\n  " + "\n  ".join(changed[:SHOWN_MAX]) + more +
+                        f"\nPut those keys back as they were (the run keeps its spec in "
+                        f"{record.run_path(run_id) / 'spec.toml'}), or start a new run without --resume. Arguments "
+                        "after -- are not part of the spec and may change.")
+    if spec.training.checkpoint_dir:
+        return spec, (f"resuming run {run_id}: checkpoint_dir {spec.training.checkpoint_dir} is the spec's own, "
+                      "and a new run goes on from what it holds"), run_id
+    folders = {layout.checkpoint_dir(run_root(h, run_id)) for h in spec.hosts}
+    if len(folders) > 1:
+        raise SpecError(f"{spec_path}: --resume needs one place for the checkpoint on every host, and these "
+                        f"local hosts keep it in {len(folders)} ({', '.join(sorted(folders))}); give every "
+                        "local host a workdir, or none.")
+    folder = folders.pop()
+    training = spec.training.model_copy(update={"args": ["--resume-from", folder, *spec.training.args]})
+    where = folder if posixpath.isabs(folder) else f"<workdir>/{folder}"
+    said = f"resuming run {run_id} from its checkpoint ({where})"
+    return spec.model_copy(update={"training": training}), said, run_id
