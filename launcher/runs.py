@@ -36,6 +36,7 @@ from worker.protocol import EXIT_PREEMPTED
 
 DOWN_WAIT_S = 60.0
 SETTLE_WAIT_S = 5.0
+WATCH_S = 2.0  # status --watch: seconds between frames
 LIVE = (TaskState.PENDING, TaskState.RUNNING)
 EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 
@@ -173,7 +174,8 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
             "state": str(state), "exit_code": t.exit_code if code is None else code,
             "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-            "step": progress.get("step"), "global_step": progress.get("global_step"), "loss": progress.get("loss"),
+            "step": progress.get("step"), "steps_per_epoch": progress.get("steps_per_epoch"),
+            "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
@@ -214,6 +216,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
         live.start()
     try:
         while True:
+            frame_at = time.monotonic()  # a frame every WATCH_S, however long reading the run took
             seen = Seen(run)
             if not run.ended and not record.launcher_alive(run):
                 seen = settle(run)
@@ -233,7 +236,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
                 print(f"note: {seen.unrecorded}", file=sys.stderr, flush=True)
             if not watch or RunState(snap["state"]).ended:
                 return
-            time.sleep(2.0)
+            time.sleep(max(0.0, frame_at + WATCH_S - time.monotonic()))
             run = record.load(run.run_id)
     finally:
         if live is not None:

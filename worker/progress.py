@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,7 +23,8 @@ from worker.host.files import write_private
 
 FILENAME = layout.PROGRESS
 STATES = tuple(str(state) for state in ProgressState)
-DEFAULT_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 0.25  # a few writes per supervisor read (1 s): what it reads is recent, not the step after a pause
+RATE_STEPS = 16  # samples/s is over the last this many timed steps, across epoch ends (validation not counted)
 
 
 def _number(value: Any) -> float | None:
@@ -186,7 +188,9 @@ def _make_callback_class():
             self._first_batch_seen = False
             self._epoch = 0
             self._step = 0
-            self._rate_start: tuple[float, int] | None = None
+            self._rate_start: tuple[float, int] | None = None  # the epoch's first finished step: its epoch line
+            self._began, self._traced = None, False  # when this batch began; fit's first (it traces) is not timed
+            self._recent: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS)  # (seconds, steps) of recent batches
 
         # --- helpers -------------------------------------------------------------------
         def _steps(self) -> int | None:
@@ -196,7 +200,15 @@ def _make_callback_class():
             steps = self._steps()
             return (self._epoch - 1) * steps + self._step if steps else self._step
 
+        def _recent_rate(self) -> float | None:
+            """Samples/s over the last RATE_STEPS batches, each begin to end (not blank at an epoch's start)."""
+            seconds = sum(s for s, _ in self._recent)
+            if not self.global_batch_size or seconds <= 0:
+                return None
+            return sum(n for _, n in self._recent) * self.global_batch_size / seconds
+
         def _samples_per_sec(self) -> float | None:
+            """Samples/s since the epoch's first finished step (the epoch line)."""
             if not self.global_batch_size or self._rate_start is None:
                 return None
             start, step0 = self._rate_start
@@ -227,14 +239,16 @@ def _make_callback_class():
 
         def on_epoch_begin(self, epoch, logs=None):
             self._epoch, self._step, self._rate_start = epoch + 1, 0, None
-            if self._first_epoch is None:
+            first = self._first_epoch is None
+            if first:
                 self._first_epoch = epoch + 1
                 self.writer.fields["first_global_step"] = self._global_step()
-            self.writer.update(force=True, state=str(ProgressState.TRAINING), epoch=self._epoch, step=0,
-                               first_epoch=self._first_epoch, global_step=self._global_step(),
-                               samples_per_sec=None)
+            # forced once: each write puts off the next, and a short epoch would then show step 0 most of the time
+            self.writer.update(force=first, state=str(ProgressState.TRAINING), epoch=self._epoch, step=0,
+                               first_epoch=self._first_epoch, global_step=self._global_step())
 
         def on_train_batch_begin(self, batch, logs=None):
+            self._began = time.time()
             if self._first_batch_seen:
                 return
             # fit resumes a backup mid-epoch (BackupAndRestore with save_freq=N) by starting
@@ -249,16 +263,19 @@ def _make_callback_class():
                                    first_global_step=self._global_step())
 
         def on_train_batch_end(self, batch, logs=None):
-            self._step = int(batch) + 1
+            now, done = time.time(), int(batch) + 1
             if self._rate_start is None:  # rate from the first finished step (no tracing time)
-                self._rate_start = (time.time(), self._step)
+                self._rate_start = (now, done)
+            if self._traced and self._began is not None and done > self._step:
+                self._recent.append((now - self._began, done - self._step))
+            self._step, self._began, self._traced = done, None, True
             if not self.writer.due():
                 return
             loss, metrics = self._split(logs)
             metrics = {**self.writer.fields["metrics"], **metrics}
             self._step_split()
             self.writer.update(step=self._step, global_step=self._global_step(), loss=loss,
-                               metrics=metrics, samples_per_sec=self._samples_per_sec())
+                               metrics=metrics, samples_per_sec=self._recent_rate())
 
         def _step_split(self) -> None:
             if self.clock is not None:
@@ -275,9 +292,8 @@ def _make_callback_class():
             if steps:
                 self._step = steps
             self._step_split()
-            self.writer.update(force=True, epoch=epoch + 1, step=self._step,
-                               global_step=self._global_step(), loss=loss, metrics=metrics,
-                               samples_per_sec=rate)
+            self.writer.update(epoch=epoch + 1, step=self._step, global_step=self._global_step(), loss=loss,
+                               metrics=metrics, samples_per_sec=self._recent_rate())
             if self.log:
                 shown = {"loss": loss, **metrics} if loss is not None else metrics
                 self.log(format_epoch_line(epoch + 1, self.writer.fields["epochs"], shown, rate))

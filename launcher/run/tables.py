@@ -1,7 +1,8 @@
 """The tables a person reads: preflight checks, the end-of-run summary, `status`.
 
-On a terminal they fit its width (80 columns included) by dropping the least useful columns;
-states, pids and task names are never cut. Not on a terminal, `status` prints plain columns.
+On a terminal they fit its width (80 columns included) by dropping the least useful columns, and `status`
+names the ones it dropped; states and task names are never cut. Not on a terminal, `status` prints plain
+columns.
 """
 
 from __future__ import annotations
@@ -72,16 +73,24 @@ def summary(run: RunRecord, width: int = 80) -> Table:
     return table
 
 
-STATUS_COLUMNS = [("task", 0, 4), ("host", 1, 8), ("pid", 0, 5), ("state", 0, 9), ("epoch", 2, 5),
-                  ("step", 3, 5), ("loss", 2, 6), ("heartbeat", 3, 9), ("samples/s", 4, 9), ("cpu%", 5, 4),
+# what a person watching needs first (priority 0-1) stays on 80 columns; the rest goes first, named below the table
+STATUS_COLUMNS = [("task", 0, 4), ("host", 3, 8), ("pid", 4, 5), ("state", 0, 9), ("epoch", 1, 5),
+                  ("step", 1, 5), ("loss", 2, 6), ("heartbeat", 1, 9), ("samples/s", 1, 9), ("cpu%", 5, 4),
                   ("rss MB", 5, 6)]
+
+
+def _of(done, total) -> str:
+    """`3/22`, or `3` when the total is not known; blank before the first epoch (starting)."""
+    return "" if done is None else f"{done}/{total}" if total else str(done)
 
 
 def status_rows(snap: dict) -> list[list[str]]:
     rows = []
     for t in snap["tasks"]:
-        epoch = f"{t['epoch']}/{t['epochs']}" if t["epoch"] is not None else ""
-        rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"], epoch, _num(t["step"]),
+        begun = bool(t["epoch"])  # epoch 0: TensorFlow still starting, no step yet
+        rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"],
+                     _of(t["epoch"], t["epochs"]) if begun else "",
+                     _of(t["step"], t.get("steps_per_epoch")) if begun else "",
                      _num(t["loss"], "{:.4f}"), _num(t["heartbeat_age"], "{} s ago"),
                      _num(t["samples_per_sec"], "{:.0f}"), _num(t["cpu_percent"]),
                      _num(t["rss"] and t["rss"] // 2**20)])
@@ -90,6 +99,14 @@ def status_rows(snap: dict) -> list[list[str]]:
 
 def status_table(snap: dict, width: int) -> Table:
     return fit(STATUS_COLUMNS, status_rows(snap), width, f"run {snap['run_id']}: {snap['state']}")
+
+
+def left_out(table: Table, width: int) -> str | None:
+    """The line that names the status columns a `width`-column terminal has no room for, if any."""
+    shown = {str(c.header) for c in table.columns}
+    names = [name for name, _, _ in STATUS_COLUMNS if name not in shown]
+    return (f"not shown at {width} columns: {', '.join(names)} (a wider terminal shows them; "
+            "'status --json' has every field)") if names else None
 
 
 def status_plain(snap: dict) -> str:
@@ -124,14 +141,13 @@ def _job_line(snap: dict) -> str | None:
 
 
 def render(snap: dict, width: int):
-    """`status` on a terminal: the table, then the lines below it."""
-    lines = [Text(f"attempt {a['number']} {a['outcome']}: {a['reason']}") for a in snap["attempts"][:-1] if a["reason"]]
-    lines += [Text(line) for line in _split_lines(snap)]
-    if snap["failure"]:
-        lines.append(Text(snap["failure"]["message"]))
-    if _job_line(snap):
-        lines.insert(0, Text(_job_line(snap)))
-    return Group(status_table(snap, width), *lines)
+    """`status` on a terminal: the table, then the lines below it, wrapped at its width (a `--watch` frame
+    would cut them there)."""
+    table = status_table(snap, width)
+    lines = [left_out(table, width), _job_line(snap)]
+    lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
+    lines += _split_lines(snap) + [snap["failure"] and snap["failure"]["message"]]
+    return Group(table, *(Text(line, no_wrap=False, overflow="fold") for line in lines if line))
 
 
 def plain(snap: dict) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -34,6 +35,9 @@ GRACE_S = 1.0
 # progress.json is written at most once a second: a faster poll shows nothing newer, and each
 # wake-up takes a core from the training (4 a second cost ~2% of the steps on 2 cores)
 PROGRESS_POLL_S = 1.0
+# each poll 0.5 to 1.5 polls after the last (1 s on average): at a fixed 1 s, epochs of about 1 s were read at
+# one point of each epoch, so `status` showed the same step in every frame
+POLL_JITTER = 0.5
 FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
 FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
 FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
@@ -201,15 +205,18 @@ class TaskCore:
             self.emit(protocol.Output(lines=lines, dropped=dropped))
         return bool(lines or dropped)
 
-    def send_progress(self) -> None:
-        """progress.json as a Progress record; one that cannot be read, parsed or encoded is no progress
-        (the training writes it: untrusted input)."""
+    def send_progress(self, notice_only: bool = False) -> None:
+        """progress.json as a Progress record (`notice_only`: only one that says "preempting"); one that cannot
+        be read, parsed or encoded is no progress (the training writes it: untrusted input)."""
         try:
             with open(layout.file(self.run_dir, layout.PROGRESS), "rb") as f:
                 raw = f.read(protocol.FILE_MAX_BYTES + 1)
             if raw == self.last_progress:  # read on each output batch too: most reads find nothing new
                 return
-            self.last_progress, data = raw, protocol.json_object(raw)
+            data = protocol.json_object(raw)
+            if notice_only and protocol.ProgressState.of(data) != protocol.ProgressState.PREEMPTING:
+                return
+            self.last_progress = raw
             if data is None:
                 return
             record = protocol.encode(protocol.Progress(progress=data))
@@ -230,7 +237,7 @@ class TaskCore:
             elapsed = time.time() - float(written)
         except (TypeError, ValueError, OverflowError):  # no time, or not one (a user's own record)
             return 0.0
-        return min(elapsed, PROGRESS_POLL_S) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
+        return min(elapsed, PROGRESS_POLL_S * (1 + POLL_JITTER)) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
 
     def past_grace(self) -> None:
         if self.proc.poll() is None:
@@ -240,21 +247,24 @@ class TaskCore:
     def watch(self) -> None:
         """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
         every FORWARD_EVERY_S) or a poll is due, not on a fixed tick."""
-        progress_at = stats_at = 0.0
+        poll_at = stats_at = 0.0
         while self.proc.poll() is None:
             spoke = self.forward()
             if spoke:
                 time.sleep(FORWARD_EVERY_S)  # more is coming: send it in batches
             now = time.monotonic()
             # also read it when the task spoke: the worker prints its notice just after writing
-            # "preempting", and preempt_grace may be shorter than a poll
-            if spoke or now - progress_at >= PROGRESS_POLL_S:
-                progress_at = now
+            # "preempting", and preempt_grace may be shorter than a poll. Only a notice goes out then:
+            # progress read at each epoch line would show a short epoch's step as its last, always
+            if now >= poll_at:
+                poll_at = now + PROGRESS_POLL_S * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)
                 self.send_progress()
+            elif spoke:
+                self.send_progress(notice_only=True)
             if now - stats_at >= protocol.BEAT_S:
                 stats_at = now
                 self.send_stats()
-            wait = max(0.0, min(progress_at + PROGRESS_POLL_S, stats_at + protocol.BEAT_S) - time.monotonic())
+            wait = max(0.0, min(poll_at, stats_at + protocol.BEAT_S) - time.monotonic())
             if self.lines.pending:  # output that waits for room on the channel: look again soon
                 time.sleep(min(wait, FORWARD_EVERY_S))
             else:

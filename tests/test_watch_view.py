@@ -1,0 +1,123 @@
+"""`status --watch` as a person sees it: frames read from a real terminal (a pty of 80 and of 160 columns)
+while a real digits run trains."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import struct
+import subprocess
+import termios
+import threading
+import time
+
+from conftest import DIGITS, write_spec
+
+MOVE = re.compile(r"\x1b\[\d*[AK]")  # a redraw moves up a line and erases it: a new line of the next frame
+STYLE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+EPOCHS = 16  # about 1 s each here: 22 steps (1,437 images, 2 x 32 a step), validation and a backup
+NEEDED = ("task", "state", "epoch", "step", "samples/s", "heartbeat")
+
+
+class Terminal:
+    """A command on a real pty of `cols` columns; what it draws, read in a thread, each chunk with its time."""
+
+    def __init__(self, argv: list[str], env: dict, cwd, cols: int, rows: int = 50):
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = {**env, "COLUMNS": str(cols), "LINES": str(rows), "TERM": "xterm-256color"}
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
+                                     start_new_session=True)
+        os.close(slave)
+        self.master, self.cols, self.chunks = master, cols, []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: the command ended and closed its side
+                return
+            if not data:
+                return
+            self.chunks.append((time.monotonic(), data))
+
+    def close(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.reader.join(5)
+            os.close(self.master)
+
+    def frames(self) -> list[tuple[float, list[str]]]:
+        """Each frame drawn (it starts at its title, `run ID: STATE`): when it arrived, and its lines."""
+        raw, ends, size = b"", [], 0
+        for at, data in self.chunks:
+            raw, size = raw + data, size + len(data)
+            ends.append((size, at))
+        starts = [m.start() for m in re.finditer(rb"run \d{8}-\d{6}-\w+: ", raw)]
+        frames = []
+        for start, stop in zip(starts, starts[1:] + [len(raw)]):
+            at = next(t for end, t in ends if end > start)
+            text = STYLE.sub("", MOVE.sub("\n", raw[start:stop].decode("utf-8", "replace")))
+            frames.append((at, [line.rstrip() for line in text.split("\n") if line.strip()]))
+        return frames
+
+
+def table(lines: list[str]) -> list[dict]:
+    """The rows of a frame's status table, as {column: cell}."""
+    cells = [[c.strip() for c in line.strip("┃│").split("┃" if "┃" in line else "│")]
+             for line in lines if line.startswith(("┃", "│"))]
+    head, rows = cells[0], cells[1:]
+    return [dict(zip(head, r)) for r in rows]
+
+
+def left_out(lines: list[str], cols: int) -> set[str]:
+    """The columns a frame says it did not show (its note may wrap over two lines)."""
+    found = re.search(rf"not shown at {cols} columns: (.*?) \(", " ".join(lines))
+    return set(found.group(1).split(", ")) if found else set()
+
+
+def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(cli, tmp_path):
+    spec = write_spec(tmp_path, training=DIGITS + f"\nepochs = {EPOCHS}")
+    r = cli("up", "--detach", spec, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    terms = {cols: Terminal(cli.argv("status", "--watch"), cli.env, cli.cwd, cols) for cols in (80, 160)}
+    codes = {cols: term.close(timeout=240) for cols, term in terms.items()}
+    frames = {cols: [(at, lines) for at, lines in term.frames() if any(x.startswith("┏") for x in lines)]
+              for cols, term in terms.items()}
+    assert codes == {80: 0, 160: 0}, frames
+    for cols, seen in frames.items():
+        assert len(seen) >= 5, (cols, seen)
+        for _, lines in seen:
+            assert all(len(line) <= cols for line in lines), (cols, lines)
+            rows = table(lines)
+            assert len(rows) == 2 and all(set(NEEDED) <= set(row) for row in rows), (cols, lines)
+            hidden = {"task", "host", "pid", "state", "epoch", "step", "loss", "heartbeat", "samples/s", "cpu%",
+                      "rss MB"} - set(rows[0])
+            assert left_out(lines, cols) == hidden and (hidden != set()) == (cols == 80), (cols, lines)
+            for row in rows:  # blank while TensorFlow starts (no `epoch 0/0`), then `3/16` and `7/22`
+                assert re.fullmatch(rf"|([1-9]|1\d)/{EPOCHS}", row["epoch"]), row
+                assert re.fullmatch(r"|\d+/22", row["step"]), row
+
+    for cols, seen in frames.items():
+        # training: its steps timed (samples/s shown), its last step not yet taken; frames WATCH_S apart
+        last = (f"{EPOCHS}/{EPOCHS}", "22/22")
+        training = [(at, table(lines)) for at, lines in seen if all(
+            row["state"] == "running" and row["samples/s"] and (row["epoch"], row["step"]) != last
+            for row in table(lines))]
+        pairs = [(a, b) for (t0, a), (t1, b) in zip(training, training[1:]) if 1.5 <= t1 - t0 <= 3.5]
+        assert len(pairs) >= 3, (cols, seen)
+        # most frames moved on (a step or an epoch further); between epochs (validation, the backup) a task stays
+        # at its last step for a while, and what a frame shows is up to about 2 s old (progress.json, its
+        # supervisor's read, the launcher's record)
+        moved = [all((x["epoch"], x["step"]) != (y["epoch"], y["step"]) for x, y in zip(a, b)) for a, b in pairs]
+        assert sum(moved) * 2 >= len(pairs), (cols, pairs)
+        assert any(all(x["step"] != y["step"] and x["samples/s"] != y["samples/s"] for x, y in zip(a, b))
+                   for a, b in pairs), (cols, pairs)
+        assert any(re.fullmatch(r"([1-9]|1\d|2[01])/22", row["step"]) for _, rows in training for row in rows), training
