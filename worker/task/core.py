@@ -32,12 +32,9 @@ procs: Any = None  # worker.host.procs and worker.protocol: imported once the ta
 protocol: Any = None
 
 GRACE_S = 1.0
-# progress.json is written at most once a second: a faster poll shows nothing newer, and each
-# wake-up takes a core from the training (4 a second cost ~2% of the steps on 2 cores)
-PROGRESS_POLL_S = 1.0
-# each poll 0.5 to 1.5 polls after the last (1 s on average): at a fixed 1 s, epochs of about 1 s were read at
-# one point of each epoch, so `status` showed the same step in every frame
-POLL_JITTER = 0.5
+# progress.json is read about once a second: each wake-up takes a core from the training (4 a second cost ~2% of
+# the steps on 2 cores); each read 0.5 to 1.5 s after the last, or epochs of about 1 s are read at one step each
+PROGRESS_POLL_S, POLL_JITTER = 1.0, 0.5
 FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
 FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
 FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
@@ -237,7 +234,7 @@ class TaskCore:
             elapsed = time.time() - float(written)
         except (TypeError, ValueError, OverflowError):  # no time, or not one (a user's own record)
             return 0.0
-        return min(elapsed, PROGRESS_POLL_S * (1 + POLL_JITTER)) if elapsed > 0 else 0.0  # (NaN, a clock step back: 0)
+        return min(elapsed, PROGRESS_POLL_S * (1 + POLL_JITTER)) if elapsed > 0 else 0.0  # (NaN, a clock step back)
 
     def past_grace(self) -> None:
         if self.proc.poll() is None:
