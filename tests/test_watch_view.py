@@ -12,11 +12,11 @@ import termios
 import threading
 import time
 
-from conftest import DIGITS, write_spec
+from conftest import DIGITS, wait_for, write_spec
 
 MOVE = re.compile(r"\x1b\[\d*[AK]")  # a redraw moves up a line and erases it: a new line of the next frame
 STYLE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
-EPOCHS = 16  # about 1 s each here: 22 steps (1,437 images, 2 x 32 a step), validation and a backup
+EPOCHS = 500  # about 1 s each here (22 steps of 2 x 32 of 1,437 images, validation, a backup): stopped before
 NEEDED = ("task", "state", "epoch", "step", "samples/s", "heartbeat")
 
 
@@ -57,7 +57,7 @@ class Terminal:
     def frames(self) -> list[tuple[float, list[str]]]:
         """Each frame drawn (it starts at its title, `run ID: STATE`): when it arrived, and its lines."""
         raw, ends, size = b"", [], 0
-        for at, data in self.chunks:
+        for at, data in list(self.chunks):  # (the reader thread appends meanwhile)
             raw, size = raw + data, size + len(data)
             ends.append((size, at))
         starts = [m.start() for m in re.finditer(rb"run \d{8}-\d{6}-\w+: ", raw)]
@@ -83,17 +83,32 @@ def left_out(lines: list[str], cols: int) -> set[str]:
     return set(found.group(1).split(", ")) if found else set()
 
 
+def drawn(term: Terminal) -> list[tuple[float, list[dict]]]:
+    """Each frame with a table, and its rows."""
+    return [(at, table(lines)) for at, lines in term.frames() if any(x.startswith("┏") for x in lines)]
+
+
+def training(frames: list[tuple[float, list[dict]]]) -> list[tuple[float, list[dict]]]:
+    """The frames that show every task training: running, its steps timed (samples/s shown)."""
+    return [(at, rows) for at, rows in frames if all(r["state"] == "running" and r.get("samples/s") for r in rows)]
+
+
 def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(cli, tmp_path):
     spec = write_spec(tmp_path, training=DIGITS + f"\nepochs = {EPOCHS}")
     r = cli("up", "--detach", spec, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     terms = {cols: Terminal(cli.argv("status", "--watch"), cli.env, cli.cwd, cols) for cols in (80, 160)}
-    codes = {cols: term.close(timeout=240) for cols, term in terms.items()}
+    try:  # 7 frames of training, however fast this machine trains, then the run is stopped: the watch ends
+        wait_for(lambda: all(len(training(drawn(t))) >= 7 for t in terms.values()), 240, "7 frames of training")
+    finally:
+        down = cli("down", timeout=120)
+        codes = {cols: term.close(timeout=60) for cols, term in terms.items()}  # each watch ends with the run
+    assert down.returncode == 0, down.stdout + down.stderr
     frames = {cols: [(at, lines) for at, lines in term.frames() if any(x.startswith("┏") for x in lines)]
               for cols, term in terms.items()}
     assert codes == {80: 0, 160: 0}, frames
     for cols, seen in frames.items():
-        assert len(seen) >= 5, (cols, seen)
+        assert table(seen[-1][1])[0]["state"] == "stopped", seen[-1]  # the last frame: the run's end
         for _, lines in seen:
             assert all(len(line) <= cols for line in lines), (cols, lines)
             rows = table(lines)
@@ -101,18 +116,14 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
             hidden = {"task", "host", "pid", "state", "epoch", "step", "loss", "heartbeat", "samples/s", "cpu%",
                       "rss MB"} - set(rows[0])
             assert left_out(lines, cols) == hidden and (hidden != set()) == (cols == 80), (cols, lines)
-            for row in rows:  # blank while TensorFlow starts (no `epoch 0/0`), then `3/16` and `7/22`
-                assert re.fullmatch(rf"|([1-9]|1\d)/{EPOCHS}", row["epoch"]), row
+            for row in rows:  # blank while TensorFlow starts (no `epoch 0/0`), then `3/500` and `7/22`
+                assert re.fullmatch(rf"|[1-9]\d*/{EPOCHS}", row["epoch"]), row
                 assert re.fullmatch(r"|\d+/22", row["step"]), row
 
-    for cols, seen in frames.items():
-        # training: its steps timed (samples/s shown), its last step not yet taken; frames WATCH_S apart
-        last = (f"{EPOCHS}/{EPOCHS}", "22/22")
-        training = [(at, table(lines)) for at, lines in seen if all(
-            row["state"] == "running" and row["samples/s"] and (row["epoch"], row["step"]) != last
-            for row in table(lines))]
-        pairs = [(a, b) for (t0, a), (t1, b) in zip(training, training[1:]) if 1.5 <= t1 - t0 <= 3.5]
-        assert len(pairs) >= 3, (cols, seen)
+    for cols, term in terms.items():
+        seen = training(drawn(term))
+        pairs = [(a, b) for (t0, a), (t1, b) in zip(seen, seen[1:]) if 1.5 <= t1 - t0 <= 3.5]  # WATCH_S apart
+        assert len(pairs) >= 5, (cols, seen)
         # most frames moved on (a step or an epoch further); between epochs (validation, the backup) a task stays
         # at its last step for a while, and what a frame shows is up to about 2 s old (progress.json, its
         # supervisor's read, the launcher's record)
@@ -120,4 +131,4 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
         assert sum(moved) * 2 >= len(pairs), (cols, pairs)
         assert any(all(x["step"] != y["step"] and x["samples/s"] != y["samples/s"] for x, y in zip(a, b))
                    for a, b in pairs), (cols, pairs)
-        assert any(re.fullmatch(r"([1-9]|1\d|2[01])/22", row["step"]) for _, rows in training for row in rows), training
+        assert any(re.fullmatch(r"([1-9]|1\d|2[01])/22", row["step"]) for _, rows in seen for row in rows), seen
