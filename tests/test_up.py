@@ -40,6 +40,11 @@ def test_example_cluster_trains_and_status_shows_it(cli):
     assert r.returncode == 0, out
     assert "task0 worker-0 |" in out and "task1 worker-1 |" in out  # prefixed worker lines
     assert "phases:" in out and "succeeded" in out
+    # every worker prints each epoch's line (its metrics all-reduced, its own rate): shown once, naming both;
+    # two arriving more than the window apart are shown apart, so one epoch of five may be (a loaded machine)
+    epochs = [line for line in out.splitlines() if " | epoch " in line]
+    assert {line.split(" | ")[1].split()[1] for line in epochs} == {f"{k}/5" for k in range(1, 6)}, epochs
+    assert len(epochs) <= 6 and sum(line.startswith("task0-1 | epoch ") for line in epochs) >= 4, epochs
     snap = status_json(cli)
     assert snap["state"] == "succeeded"
     assert [t["state"] for t in snap["tasks"]] == ["succeeded", "succeeded"]

@@ -72,9 +72,17 @@ class Entry:
         return f"task{self.tasks[0]} {self.hosts[0]} | " if len(self.tasks) == 1 else f"{tasks_label(self.tasks)} | "
 
 
+# the worker's epoch line ends with the rate that task measured; the workers' metrics are all-reduced, so their
+# epoch lines differ only there (worker/progress.format_epoch_line): alike, shown once with the first one's rate
+OWN_RATE = re.compile(r"^(epoch \d+/\d+ .*) samples/s=\d+$")
+
+
 def key(line: str) -> str:
-    """Lines alike: the same text once the frames a carriage return overwrote and trailing blanks are gone."""
-    return line.rsplit("\r", 1)[-1].rstrip()
+    """Lines alike: the same text once the frames a carriage return overwrote and trailing blanks are gone (and,
+    in an epoch line, the rate each task measured for itself)."""
+    text = line.rsplit("\r", 1)[-1].rstrip()
+    rate = OWN_RATE.match(text)
+    return rate.group(1) if rate else text
 
 
 @dataclass
