@@ -21,21 +21,12 @@ from launcher.run.failure import FailureKind
 from launcher.run.states import RunState
 
 
-class Shown(str, enum.Enum):
-    """A run's state as `ls` shows it: the run's own, or what the record says of it beyond that."""
-
-    PREFLIGHT = "preflight"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    LOST = "lost"
-    REFUSED = "refused"  # the preflight refused it: nothing was started
-    DAMAGED = "damaged"  # its record cannot be read
-
-    def __str__(self) -> str:
-        return self.value
+# a run's state as `ls` shows it: the run's own, or what its record says beyond that
+Shown = enum.Enum("Shown", {**{s.name: s.value for s in RunState},
+                            "REFUSED": "refused",  # the preflight refused it: nothing was started
+                            "DAMAGED": "damaged"},  # its record cannot be read
+                  type=str)
+Shown.__str__ = lambda self: self.value
 
 
 @dataclass(frozen=True)
@@ -77,7 +68,7 @@ def row(run_id: str, now: float) -> RunRow:
         run = record.load(run_id)
     except (RunCorrupt, RunNotFound) as exc:
         return RunRow(run_id, Shown.DAMAGED, why=str(exc)[:300])
-    state = (Shown.REFUSED if refused(run) else Shown(str(run.state)) if run.ended or record.launcher_alive(run)
+    state = (Shown.REFUSED if refused(run) else Shown(run.state.value) if run.ended or record.launcher_alive(run)
              else Shown.LOST)  # not ended and its launcher gone: `status` settles it with its hosts
     end = run.ended_at if run.ended and run.ended_at else now
     return RunRow(run_id, state, spec=run.spec_path, engine=run.engine, started_at=run.created_at,
