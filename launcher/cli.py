@@ -22,8 +22,8 @@ app = typer.Typer(
 )
 
 SpecArg = typer.Argument(..., help="The cluster spec (TOML).", show_default=False, metavar="SPEC")
-RunArg = typer.Argument(None, help="Run id; left out, the newest run that got past its preflight ('ls' lists "
-                        "them).", show_default=False, metavar="RUN")
+RunArg = typer.Argument(None, help="Run id; left out, the newest run that did not end in its preflight ('ls' "
+                        "lists them).", show_default=False, metavar="RUN")
 TaskOpt = typer.Option(None, "--task", help="Only this task.", metavar="N")
 
 

@@ -1,6 +1,6 @@
 """The runs recorded on this machine: `mgpu-cluster ls`, and which run a command without a run id means.
 
-A command given no run id acts on the newest run that got past its preflight: a refused `up` (a port
+A command given no run id acts on the newest run that did not end in its preflight: a refused `up` (a port
 taken, a host down) started nothing, so it never hides the run that trains. Reading only: a damaged
 record is listed as damaged, never a traceback.
 """
@@ -59,8 +59,14 @@ def refused(run: record.RunRecord) -> bool:
 
 
 def past_preflight(run: record.RunRecord) -> bool:
-    """It got past its preflight: its tasks were (to be) started."""
-    return "preflight_s" in run.phases or run.state in (RunState.STARTING, RunState.RUNNING)
+    """Its preflight passed: its tasks were started."""
+    return "preflight_s" in run.phases
+
+
+def ended_in_preflight(run: record.RunRecord) -> bool:
+    """It ended without starting a task: refused, or stopped or lost during its preflight. (A run still in
+    its preflight is a live run: a bare `down` stops that one.)"""
+    return run.ended and not past_preflight(run)
 
 
 def row(run_id: str, now: float) -> RunRow:
@@ -88,8 +94,9 @@ class Chosen:
 
 
 def choose(run_id: str | None) -> Chosen:
-    """The run a command means: the one named, else the newest that got past its preflight (else the
-    newest of all, when none did)."""
+    """The run a command means: the one named, else the newest that did not end in its preflight (else the
+    newest of all). A newest record that cannot be read is taken: what it was is unknown, and the command
+    says so in one paragraph."""
     if run_id:
         return Chosen(run_id, "")
     ids = run_ids()
@@ -98,14 +105,17 @@ def choose(run_id: str | None) -> Chosen:
     skipped = 0
     for candidate in ids:
         try:
-            if past_preflight(record.load(candidate)):
-                newer = f"; {skipped} newer run(s) skipped" if skipped else ""
-                return Chosen(candidate, f"run {candidate}: the newest that got past its preflight{newer} "
-                                         "('mgpu-cluster ls' lists every run)")
+            if ended_in_preflight(record.load(candidate)):
+                skipped += 1
+                continue
+        except RunNotFound:  # removed meanwhile
+            continue
         except RunCorrupt:
             pass
-        skipped += 1
-    return Chosen(ids[0], f"run {ids[0]}: the newest run (none got past its preflight; 'mgpu-cluster ls' lists "
+        newer = f"; {skipped} newer run(s) skipped: they ended in their preflight" if skipped else ""
+        return Chosen(candidate, f"run {candidate}: the newest run that did not end in its preflight{newer} "
+                                 "('mgpu-cluster ls' lists every run)")
+    return Chosen(ids[0], f"run {ids[0]}: the newest run (every run ended in its preflight; 'mgpu-cluster ls' lists "
                           "every run)")
 
 

@@ -40,4 +40,4 @@ def test_logs_tail_short_and_long_agree(cli, tmp_path):
     short, long = cli("logs", "-n", "2", timeout=60), cli("logs", "--tail", "2", timeout=60)
     assert short.returncode == 0 and short.stdout == long.stdout, short.stdout + short.stderr
     assert "line 5" in short.stdout and "line 4" in short.stdout and "line 3" not in short.stdout, short.stdout
-    assert "the newest that got past its preflight" in short.stderr
+    assert "the newest run that did not end in its preflight" in short.stderr

@@ -43,7 +43,8 @@ def test_a_refused_up_never_hides_the_run_that_trains(cli, tmp_path):
         status = cli("status", "--json", timeout=120)  # bare: the run that got past its preflight
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["run_id"] == trains
-        assert f"run {trains}: the newest that got past its preflight; 1 newer run(s) skipped" in status.stderr
+        assert (f"run {trains}: the newest run that did not end in its preflight; 1 newer run(s) skipped: they ended in "
+                "their preflight") in status.stderr
         refused_id = runs[0]["run_id"]
         assert status_json(cli, refused_id)["failure"]["kind"] == "refused"  # named, it is still there
     finally:
