@@ -72,7 +72,6 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
     planned = engine_for(spec, run_id)
-    plans = planned.plans
     if dry_run:
         out = Output(threaded=False)
         if resuming:
@@ -82,26 +81,31 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     if detach:
         from launcher.run.detach import start_detached
 
-        return start_detached(spec_path, run_id, len(plans), verbose, resume=resume, args=args or [])
-    owner = record.Owner.create(run_id, spec_path, plans, detached=background)
-    run = owner.record
+        return start_detached(spec_path, run_id, len(planned.plans), verbose, resume=resume, args=args or [])
+    owner = record.Owner.create(run_id, spec_path, planned.plans, detached=background)
     planned.close()
-    engine = launching(spec_path, engine_for(spec, run_id, landed=run))  # reads what the run learns from its record
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
+    if resuming:
+        out.say(resuming)
+    run_recorded(spec, spec_path, owner, out)
+
+
+def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: Output) -> None:
+    """The run, once recorded: port claims, preflight, the agent; its end told and recorded whatever happens."""
+    run = owner.record
+    engine = launching(spec_path, engine_for(spec, run.run_id, landed=run))  # reads what the run learns from its record
     run.engine = str(engine.kind)
     claims: list[Lock] = []
     t0 = time.time()
     try:
-        if resuming:
-            out.say(resuming)
-        out.say(f"run {run_id}: {len(plans)} task(s); checking hosts and ports")
+        out.say(f"run {run.run_id}: {len(run.tasks)} task(s); checking hosts and ports")
         claims = engine.claim_ports()
         checks = engine.preflight(Path(spec_path).parent, out.say, for_start=True)
         out.show(checks_table(checks))
         refuse(checks)
         keep_findings(run, checks)
         run.phases["preflight_s"] = round(time.time() - t0, 3)
-        out.say(f"starting {len(plans)} task(s); logs in {record.run_path(run_id)}")
+        out.say(f"starting {len(run.tasks)} task(s); logs in {record.run_path(run.run_id)}")
         agent = Agent(spec, engine, owner, out)
         try:
             agent.execute()
@@ -109,26 +113,17 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
             engine = agent.engine  # an elastic run may have moved to fewer hosts
         if interrupts.pending():
             raise Interrupted(f"interrupted by {interrupts.pending()} while the run ended")
-        out.show(summary(run, out.console.width))
-        out.say(phases(run))
-        say_straggler(out, run)
-        out.say(f"run {run_id} succeeded in {time.time() - t0:.1f} s")
+        tell_end(out, run)
+        out.say(f"run {run.run_id} succeeded in {time.time() - t0:.1f} s")
     except (PreflightError, HomeError, KeyboardInterrupt) as exc:  # before any task started
         with interrupts.shield():
             if run.state == RunState.PREFLIGHT:
-                stopped = isinstance(exc, KeyboardInterrupt)
-                run.set_state(RunState.STOPPED if stopped else RunState.FAILED, Failure(
-                    kind=FailureKind.STOPPED if stopped else FailureKind.REFUSED,
-                    message=(f"{interrupts.reason()} during the preflight; nothing was started" if stopped
-                             else str(exc) if isinstance(exc, HomeError) else "preflight refused: " + str(exc))))
-                owner.save()
+                record_preflight_end(owner, exc)
         if isinstance(exc, KeyboardInterrupt):  # (a run that succeeded just before keeps its record)
             raise Interrupted(run.failure.message if run.failure else interrupts.reason()) from None
         raise
     except (RunFailed, Interrupted):
-        out.show(summary(run, out.console.width))
-        out.say(phases(run))
-        say_straggler(out, run)
+        tell_end(out, run)
         raise
     finally:
         with interrupts.shield():
@@ -138,6 +133,22 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
             owner.release()
             if not out.close(timeout=5.0):
                 out.logline("the terminal did not take the last lines within 5 s; they are in this log")
+
+
+def record_preflight_end(owner: record.Owner, exc: BaseException) -> None:
+    """A run that ended in its preflight: stopped (Ctrl-C), or refused; nothing was started."""
+    stopped = isinstance(exc, KeyboardInterrupt)
+    owner.record.set_state(RunState.STOPPED if stopped else RunState.FAILED, Failure(
+        kind=FailureKind.STOPPED if stopped else FailureKind.REFUSED,
+        message=(f"{interrupts.reason()} during the preflight; nothing was started" if stopped
+                 else str(exc) if isinstance(exc, HomeError) else "preflight refused: " + str(exc))))
+    owner.save()
+
+
+def tell_end(out: Output, run: record.RunRecord) -> None:
+    out.show(summary(run, out.console.width))
+    out.say(phases(run))
+    say_straggler(out, run)
 
 
 def say_straggler(out, run) -> None:
