@@ -51,6 +51,7 @@ def test_example_cluster_trains_and_status_shows_it(cli):
     for t in snap["tasks"]:
         assert t["epoch"] == t["epochs"] == 5
         assert t["metrics"]["val_accuracy"] >= 0.90, t
+        assert t["rss"] is None or t["rss"] > 0, t  # an ended, unreaped process reads 0 bytes: never shown
     logs = cli("logs", "--task", "1", "--tail", "3", timeout=60)
     assert logs.returncode == 0 and logs.stdout.strip()
     assert len(logs.stdout.strip().splitlines()) == 3

@@ -54,7 +54,9 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
             task.state, task.started_at = TaskState.RUNNING, now
     elif isinstance(ev, protocol.Stats):
         if ev.status is not None:  # else a beat without figures
-            task.cpu_percent, task.rss, task.proc_status = ev.cpu_percent, ev.rss, ev.status
+            task.proc_status = ev.status
+        if ev.rss is not None:  # an ended process has no figures: its last ones stay
+            task.cpu_percent, task.rss = ev.cpu_percent, ev.rss
     elif isinstance(ev, protocol.Progress):
         task.progress = p = typed(ev.progress)  # written by the training: untrusted
         # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)

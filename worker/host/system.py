@@ -95,7 +95,10 @@ class Meter:
                 self.ps = psutil.Process(self.pid)
                 self.ps.cpu_percent(None)  # the first call starts the measuring window
                 return None, None, None
-            return round(self.ps.cpu_percent(None), 1), tree_rss(self.ps), self.ps.status()
+            status = self.ps.status()
+            if status == psutil.STATUS_ZOMBIE:  # ended, not reaped yet: psutil says 0 bytes, which it never used
+                return None, None, status
+            return round(self.ps.cpu_percent(None), 1), tree_rss(self.ps), status
         except Exception:  # psutil missing, or the process just ended
             return None, None, None
 
