@@ -138,10 +138,24 @@ def report(
     out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="PNG",
                                        help="The PNG to write (default: report.png in the run's folder)."),
 ):
-    """Draw one PNG of a run: samples/s and step time per task, attempts, phases (needs matplotlib)."""
+    """Draw one PNG of a run: samples/s, loss and metrics per epoch, step time, attempts and their reasons, phases
+    (needs matplotlib); exit 2 for a run its preflight refused."""
     from launcher.diagnose import commands
 
     commands.report(_which(run), out)
+
+
+@app.command()
+def dashboard(
+    port: int = typer.Option(8265, "--port", help="The port to serve on.", metavar="PORT", min=0, max=65535),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS",
+                             help="The address to serve on; another than loopback asks for the token it prints."),
+):
+    """Serve a live page of every run and GET /metrics for Prometheus, read-only (needs the dashboard extra)."""
+    from launcher.dashboard.serve import serve
+
+    serve(host, port)
+
 
 @app.command()
 def down(run: Optional[str] = RunArg):

@@ -43,3 +43,9 @@ class HomeError(MgpuError):
     """MGPU_HOME cannot be written."""
 
     exit_code = 2
+
+
+class ReportError(MgpuError):
+    """A run's report cannot be drawn (refused run, no matplotlib, a path that cannot be written)."""
+
+    exit_code = 2

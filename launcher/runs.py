@@ -41,7 +41,7 @@ LIVE = (TaskState.PENDING, TaskState.RUNNING)
 EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 
 
-def _engine(run: record.RunRecord) -> Inspecting:
+def inspector(run: record.RunRecord) -> Inspecting:
     path = record.run_path(run.run_id) / "spec.toml"
     try:
         files.read_file(path)  # the copy is untrusted bytes too: a regular file, of a bounded size
@@ -61,7 +61,7 @@ def _engine(run: record.RunRecord) -> Inspecting:
 
 
 def _probe(run: record.RunRecord) -> list:
-    engine = _engine(run)
+    engine = inspector(run)
     try:
         return engine.probe([t.index for t in run.tasks])
     finally:
@@ -159,6 +159,16 @@ def _end(run: record.RunRecord, note: dict | None) -> None:
         "stopped by their supervisors. The task states above are what their hosts say now.")))
 
 
+def look(run: record.RunRecord, probe: bool = False) -> Seen:
+    """A run as `status` sees it now: settled with its hosts when its launcher is gone without recording the
+    end; else probed when asked, and always on Slurm (asking Slurm and a shared folder is cheap)."""
+    if not run.ended and not record.launcher_alive(run):
+        return settle(run)
+    if probe or run.engine == EngineKind.SLURM:
+        return Seen(run, _probe(run))
+    return Seen(run)
+
+
 def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     """The run as `status --json` shows it: its record, merged with what each host says when probed."""
     now = time.time()
@@ -217,11 +227,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
     try:
         while True:
             frame_at = time.monotonic()  # a frame every WATCH_S, however long reading the run took
-            seen = Seen(run)
-            if not run.ended and not record.launcher_alive(run):
-                seen = settle(run)
-            elif probe or run.engine == EngineKind.SLURM:  # asking Slurm and a shared folder is cheap
-                seen = Seen(run, _probe(run))
+            seen = look(run, probe)
             run = seen.run
             snap = {**snapshot(run, seen.probes), "unrecorded": seen.unrecorded}
             if as_json:
@@ -249,7 +255,7 @@ def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail
     if not chosen:
         raise RunNotFound(f"run {run.run_id} has no task {task}; it has tasks 0..{len(run.tasks) - 1}")
     run = never_started(run, follow)
-    engine = _engine(run)
+    engine = inspector(run)
     try:
         show(run, engine, chosen, follow, tail)
     finally:
@@ -289,7 +295,7 @@ def _down(run: record.RunRecord) -> None:
                         f"{DOWN_WAIT_S:.0f} s; try 'mgpu-cluster down {run.run_id}' again, or stop that process.")
     try:
         run = owner.record
-        engine = _engine(run)
+        engine = inspector(run)
         try:  # make sure from the tasks' folders, also after the launcher's own teardown
             results = engine.stop_from_folders([t.index for t in run.tasks])
         finally:

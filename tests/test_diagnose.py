@@ -1,4 +1,4 @@
-"""Stacks, hangs, stragglers and the report: pure parts, then real TensorFlow runs on this machine."""
+"""Stacks, hangs and stragglers: pure parts, then real TensorFlow runs on this machine (the report: test_report.py)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DIGITS, latest_state, wait_for, wait_gone, write_spec
-from launcher.diagnose import report, stacks
+from launcher.diagnose import stacks
 from launcher.diagnose.straggler import find
 from worker.stacks import dump, parse
 
@@ -76,54 +76,6 @@ def test_stacks_at_a_hang_are_given_seconds_not_the_commands_40():
     engine.calls.clear()
     stacks.take(engine, [(0, "h0", 7)])  # `mgpu-cluster stacks`: someone waits for them, longer
     assert engine.calls[0][2] == stacks.CALL_TIMEOUT_S
-
-
-def test_report_of_made_up_data_has_every_part(tmp_path):
-    t0 = 1000.0
-    run = {"run_id": "r", "state": "succeeded", "created_at": t0, "ended_at": t0 + 60, "restarts": 1, "preemptions": 1,
-           "phases": {"preflight_s": 1.0, "spawn_started": t0 + 1, "all_started": t0 + 2, "first_step": t0 + 6,
-                      "end": t0 + 58},
-           "attempts": [{"number": 0, "started_at": t0 + 1, "ended_at": t0 + 20, "outcome": "failed",
-                         "failure": {"kind": "lost", "task": 1}},
-                        {"number": 1, "started_at": t0 + 21, "ended_at": t0 + 40, "outcome": "preempted"},
-                        {"number": 2, "started_at": t0 + 41, "ended_at": t0 + 58, "outcome": "succeeded"}]}
-    history = [{"time": t0 + s, "task": t, "attempt": 0,
-                "progress": {"samples_per_sec": 900 + t, "compute_ms": 3.0 + t, "wait_ms": 6.0 - t}}
-               for s in range(6, 58) for t in (0, 1)]
-    assert [name for name, _, _ in report.phases(run)] == ["preflight", "start", "first step", "training", "teardown"]
-    assert [label for _, label in report.events(run)] == [
-        "task 1 lost", "restart -> attempt 1", "preemption -> attempt 2"]
-    fig = report.figure(run, history)
-    rate, split, timeline = fig.axes
-    assert len(rate.lines) == 2 + 3 and len(split.lines) == 4 + 3  # per task, and the 3 event lines
-    path = report.write((run, history), tmp_path / "r.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    odd = report.write((run, history), tmp_path / "r.xyz")  # a PNG whatever the name ends with, no traceback
-    assert odd.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_report_of_a_run_still_going_draws_its_open_attempt_up_to_the_newest_progress():
-    """A running (or hung) run has no end: the open attempt and training end at the newest progress, else now."""
-    t0 = 1000.0
-    run = {"run_id": "r", "state": "running", "created_at": t0, "restarts": 1,
-           "phases": {"preflight_s": 1.0, "spawn_started": t0 + 1, "all_started": t0 + 2, "first_step": t0 + 6},
-           "attempts": [{"number": 0, "started_at": t0 + 1, "ended_at": t0 + 20, "outcome": "failed"},
-                        {"number": 1, "started_at": t0 + 21}]}
-    history = [{"time": t0 + s, "task": 0, "progress": {"samples_per_sec": 900}} for s in range(6, 51)]
-    assert report.open_end(run, history, now=t0 + 500) == t0 + 50  # the progress, not the clock
-    assert report.phases(run, t0 + 50)[-1] == ("training", t0 + 6, t0 + 50)  # and no teardown
-    assert report.phases(run)[-1][0] == "first step"  # no end given: training not drawn (as before)
-    timeline = report.figure(run, history, now=t0 + 500).axes[2]
-    bars = [c.get_paths()[0].vertices[:, 0] for c in timeline.collections]
-    widths = sorted((round(xs.min(), 2), round(xs.max() - xs.min(), 2)) for xs in bars)
-    assert (21.0, 29.0) in widths and (6.0, 44.0) in widths, widths  # attempt 1: 21..50; training: 6..50
-    label = next(t for t in timeline.texts if t.get_text() == "attempt 1: running")
-    assert label.get_position()[0] == pytest.approx((21 + 50) / 2)
-    assert "training 44.0 s" in [t.get_text() for t in timeline.get_legend().get_texts()]
-    # no progress yet: up to now, never before the newest time in the record
-    assert report.open_end(run, [], now=t0 + 70) == t0 + 70
-    assert report.open_end(run, [], now=None) == t0 + 21
-    assert report.open_end({**run, "ended_at": t0 + 60}, history, now=t0 + 500) is None
 
 
 # --------------------------------------------------------------------------- real runs

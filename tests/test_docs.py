@@ -114,7 +114,7 @@ def test_readme_is_a_short_front_page_with_the_setup_commands():
     assert len(lines) <= 150, (f"README.md has {len(lines)} lines; keep it a front page (at most 150) and move "
                                "the detail to docs/")
     for command in ("    pip install -e '.[examples]' && mgpu-cluster up cluster.example.toml",
-                    "    apt-get install -y openssh-server iproute2 slurmctld slurmd slurm-client && "
+                    "    apt-get install -y openssh-server iproute2 slurmctld slurmd slurm-client chromium && "
                     "pip install -e '.[test]' && python3 -m pytest -q"):
         assert command in lines, f"README.md lost its set-up command, byte for byte:\n{command}"
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if f"(docs/{p.name})" not in text]

@@ -25,6 +25,9 @@ FILENAME = layout.PROGRESS
 STATES = tuple(str(state) for state in ProgressState)
 DEFAULT_INTERVAL_S = 0.25  # a few writes per supervisor read (1 s): what it reads is recent, not the step after a pause
 RATE_STEPS = 16  # samples/s is over the last this many timed steps, across epoch ends (validation not counted)
+# progress.json keeps the summaries of this many finished epochs: the supervisor reads it about once a second, so
+# an epoch shorter than that still reaches the run's history
+EPOCH_ENDS_KEPT = 8
 
 
 def _number(value: Any) -> float | None:
@@ -88,9 +91,19 @@ class ProgressWriter:
             "task": int(task), "state": str(ProgressState.STARTING), "epoch": 0, "epochs": int(epochs),
             "step": 0, "steps_per_epoch": steps_per_epoch, "global_step": 0, "first_epoch": 1,
             "first_global_step": 0, "loss": None, "metrics": {}, "samples_per_sec": None,
-            "time": time.time(), "pid": os.getpid(),
+            "time": time.time(), "pid": os.getpid(), "epoch_ends": [],
         }
         self._last_write = 0.0
+        self._epoch_ended = False  # an epoch's summary not written yet
+
+    def epoch_end(self, epoch: int, start: float | None, samples_per_sec: float | None, loss: float | None,
+                  metrics: dict) -> None:
+        """Keeps a finished epoch's own rate (its epoch line's samples/s), loss and metrics, with when it was
+        measured (`start` to now), among the last EPOCH_ENDS_KEPT; the next update writes it, due or not."""
+        end = {"epoch": int(epoch), "start": start, "end": time.time(), "samples_per_sec": samples_per_sec,
+               "loss": loss, "metrics": dict(metrics)}
+        self.fields["epoch_ends"] = [*self.fields.get("epoch_ends", []), end][-EPOCH_ENDS_KEPT:]
+        self._epoch_ended = True
 
     def due(self) -> bool:
         """Whether an unforced `update()` would write now."""
@@ -103,11 +116,14 @@ class ProgressWriter:
         if self.fields.get("state") == ProgressState.PREEMPTING and fields.get("state") == ProgressState.TRAINING:
             fields = {**fields, "state": str(ProgressState.PREEMPTING)}  # a notice stands until the task stops
         self.fields.update(fields)
-        if not force and not self.due():
+        paced = force or self.due()
+        if not paced and not self._epoch_ended:
             return False
         now = time.time()
         self.fields["time"] = now
-        self._last_write = now
+        if paced:  # an epoch's end alone is written at once without putting off the next write
+            self._last_write = now
+        self._epoch_ended = False
         if self.path:
             self._write(json.dumps(_finite(self.fields), indent=1, allow_nan=False) + "\n")
         return True
@@ -292,6 +308,7 @@ def _make_callback_class():
             if steps:
                 self._step = steps
             self._step_split()
+            self.writer.epoch_end(epoch + 1, self._rate_start[0] if self._rate_start else None, rate, loss, metrics)
             self.writer.update(epoch=epoch + 1, step=self._step, global_step=self._global_step(), loss=loss,
                                metrics=metrics, samples_per_sec=self._recent_rate())
             if self.log:

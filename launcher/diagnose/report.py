@@ -1,174 +1,172 @@
-"""`mgpu-cluster report`: one PNG of a run from its record (state.json) and its progress history
-(progress.jsonl): per task samples/s and the step split (own work, waiting) over time; attempts,
-restarts, preemptions and lost hosts on the same axis; the phases. matplotlib: the `report` extra.
+"""`mgpu-cluster report`: one PNG of a run, drawn from series.build(): throughput per epoch and within epochs,
+each task's step split (own work, waiting), loss and metrics per epoch, phases and attempts; start-up compressed
+on the time axis, failures and restarts in full words below. matplotlib: the `report` extra.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import io
+import textwrap
 from pathlib import Path
 
-from launcher.errors import MgpuError
-from launcher.run.files import read_file
+from launcher.diagnose import panels
+from launcher.errors import ReportError
+from worker.host.files import write_private
 
-OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
-                   "stopped": "#7f8c8d", None: "#95a5a6"}
-PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67e22", "training": "#27ae60",
-                 "teardown": "#7f8c8d"}
+STARTUP_SHARE = 0.12  # of the time axis: a longer start-up is compressed into it
+WRAP = 150  # characters of a notes line at the figure's width
+NOTE_LINE_IN = 0.16  # inches per notes line
 
-
-HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn
-
-
-class ReportError(MgpuError):
-    exit_code = 2
-
-
-def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
-    """The run record and its progress history as plain data, read as untrusted bytes (launcher.run.files):
-    lines that are not UTF-8 JSON objects of the expected shape are skipped; of a history larger than
-    HISTORY_BYTES, the newest part. A file that cannot be read is RunCorrupt (one paragraph, exit 2)."""
-    try:
-        run = json.loads(read_file(Path(state)))
-    except FileNotFoundError:
-        raise ReportError(f"{state} is missing: the run has no record to draw") from None
-    except (ValueError, RecursionError):
-        run = None
-    if not isinstance(run, dict):
-        raise ReportError(f"{state} is not the JSON record mgpu-cluster writes; 'mgpu-cluster status' tells more")
-    try:
-        lines = read_file(Path(progress), limit=HISTORY_BYTES, newest=True).split(b"\n")
-    except FileNotFoundError:
-        lines = []
-    history = []
-    for line in lines:
-        try:
-            item = json.loads(line)  # bytes: not UTF-8 is a ValueError too
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(item, dict) and isinstance(item.get("progress"), dict) and _finite(item.get("time")):
-            history.append(item)
-    return run, history
+RATE_NOTE = ("samples/s is the whole group's (global batch x steps per second): every task measures the same, so "
+             "it is drawn once. Bars: each epoch's own rate over the time it was measured, as its console line "
+             "(the epoch's samples from its first finished step to its end, validation included); line: the last 16 "
+             "training steps.")
+SPLIT_NOTE = ("own work: a task's time per step to compute its gradients (input, forward and backward pass). "
+              "waiting: the rest of its step, in the all-reduce waiting for the slowest task, and the update. A task "
+              "with more own work than its peers is the straggler: the others wait for it.")
+EPOCH_NOTE = ("dotted lines: epoch ends, numbered; loss and metrics at each epoch's end as its console line "
+              "(all-reduced: the same on every task), the running loss within epochs as a thin line.")
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def refused_words(data: dict) -> str:
+    rid = data["run_id"]
+    return (f"run {rid} ended in its preflight ({data['state'] or 'no state recorded'}): no task was started, so "
+            f"there is nothing to draw. 'mgpu-cluster status {rid}' tells why.")
 
 
-def open_end(run: dict, history: list[dict], now: float | None = None) -> float | None:
-    """Where a run that has not ended (still going, or hung) is drawn up to: its newest progress time, else
-    `now`, and never before the newest time its record holds. None for a run that has ended."""
-    if run.get("ended_at") is not None:
+def squeeze(startups: list[dict], until: float | None):
+    """(forward, inverse) for a time axis that draws the start-ups in STARTUP_SHARE of [0, until] together and
+    the rest to scale (piecewise linear); None where they take no more than that share anyway."""
+    spans = [(s["start"], min(s["end"], until)) for s in startups if until and s["start"] < min(s["end"], until)]
+    taken = sum(b - a for a, b in spans)
+    if not spans or taken >= until or taken <= STARTUP_SHARE * until:
         return None
-    ph = run.get("phases") or {}
-    known = [run.get("created_at"), *(ph.get(k) for k in ("spawn_started", "all_started", "first_step")),
-             *(a.get("started_at") for a in run.get("attempts") or []),
-             *(t.get("heartbeat") for t in run.get("tasks") or [])]
-    newest = max((h["time"] for h in history), default=now)
-    known = [x for x in (*known, newest) if isinstance(x, (int, float))]
-    return max(known) if known else None
+    import numpy as np
+
+    slow, fast = STARTUP_SHARE * until / taken, (1 - STARTUP_SHARE) * until / (until - taken)
+    ts, xs = [-until, 0.0], [-until * fast, 0.0]  # knots; past both ends the axis goes on to scale
+    for a, b in spans:
+        if a > ts[-1]:
+            ts, xs = ts + [a], xs + [xs[-1] + (a - ts[-1]) * fast]
+        ts, xs = ts + [b], xs + [xs[-1] + (b - a) * slow]
+    ts, xs = ts + [until, 3 * until], xs + [until, 3 * until]
+    return (lambda t: np.interp(np.asarray(t, dtype=float), ts, xs),
+            lambda x: np.interp(np.asarray(x, dtype=float), xs, ts))
 
 
-def phases(run: dict, until: float | None = None) -> list[tuple[str, float, float]]:
-    """(name, start, end) of preflight, start, first step, training and teardown, as far as recorded;
-    `until`: where training ends in a run that has not ended (open_end())."""
-    ph, t0 = run.get("phases") or {}, run.get("created_at")
-    attempts = run.get("attempts") or []
-    end = ph.get("end") or (attempts[-1].get("ended_at") if attempts else None) or until
-    marks = [("preflight", t0, ph.get("spawn_started") or (t0 + ph["preflight_s"] if t0 and "preflight_s" in ph else None)),
-             ("start", ph.get("spawn_started"), ph.get("all_started")),
-             ("first step", ph.get("all_started"), ph.get("first_step")),
-             ("training", ph.get("first_step"), end),
-             ("teardown", end, run.get("ended_at"))]
-    return [(name, a, b) for name, a, b in marks if a is not None and b is not None and b >= a]
+def notes(data: dict) -> list[str]:
+    """The words under the panels, wrapped, never cut: what the rates and the split mean, the compressed
+    start-up, then each event numbered as on the panels with its reason in full."""
+    paragraphs = [RATE_NOTE, SPLIT_NOTE, EPOCH_NOTE]
+    if _squeezed(data):
+        took = sum(s["end"] - s["start"] for s in data["startups"])
+        paragraphs.append(f"start-up (preflight, spawn, until the first step; again after each restart) took "
+                          f"{took:.1f} s in all: compressed into {STARTUP_SHARE:.0%} of the time axis, shaded; "
+                          "the rest is to scale.")
+    reasons = {a["end"]: a["reason"] or (a["failure"] or {}).get("message") for a in data["attempts"]}
+    for n, ev in enumerate(data["events"], 1):
+        why = reasons.get(ev["t"]) if ev["kind"] == "failure" else None
+        why = why or ((data["failure"] or {}).get("message") if ev["kind"] == "failure" else None)
+        paragraphs.append(f"[{n}] at {ev['t']:.1f} s: {ev['label']}" + (f". {why}" if why else ""))
+    return [line for p in paragraphs for line in _wrap(p)]
 
 
-def events(run: dict) -> list[tuple[float, str]]:
-    """(time, label) of restarts, preemptions, lost hosts and the run's failure."""
-    found = []
-    attempts = run.get("attempts") or []
-    for prev, nxt in zip(attempts, attempts[1:]):
-        what = {"preempted": "preemption", "shrunk": "host lost"}.get(prev.get("outcome"), "restart")
-        found.append((nxt["started_at"], f"{what} -> attempt {nxt['number']}"))
-    for a in attempts:
-        failure = a.get("failure") or {}
-        if a.get("ended_at") and failure.get("kind"):
-            who = f"task {failure['task']} " if failure.get("task") is not None else ""
-            found.append((a["ended_at"], f"{who}{failure['kind']}"))
-    return sorted(found)
+def _wrap(paragraph: str) -> list[str]:
+    """Lines of at most WRAP characters; a line of the paragraph (a log line in a reason) stays a line, its
+    indent kept."""
+    lines = []
+    for line in paragraph.splitlines() or [""]:
+        indent = line[:len(line) - len(line.lstrip())]
+        lines += textwrap.wrap(line, WRAP, subsequent_indent=indent + "  ", break_on_hyphens=False) or [""]
+    return lines
 
 
-def figure(run: dict, history: list[dict], now: float | None = None):
-    """The report as a matplotlib Figure (no pyplot, no display): a pure function of the data; `now`: the
-    end of a run that has not ended and has no progress (open_end())."""
+def _squeezed(data: dict):
+    """The time axis' squeeze() where the run trained (else start-up is all there is to see)."""
+    trained = data["group"]["within"] or data["group"]["epochs"]
+    return squeeze(data["startups"], data["until"]) if trained else None
+
+
+def _title(data: dict) -> str:
+    lost = data["hosts_lost"]
+    return (f"run {data['run_id']}: {data['state'] or '?'}, {len(data['attempts'])} attempt(s), "
+            f"{data['restarts']} restart(s), {data['preemptions']} preemption(s)"
+            + (f", lost tasks {lost}" if lost else ""))
+
+
+def _time_axis(axes: list, data: dict) -> None:
+    """Start-ups compressed (shaded), training to scale; ticks where each start-up ends and over training."""
+    from matplotlib.ticker import MaxNLocator
+
+    until = data["until"] or max((p["t"] for t in data["tasks"] for p in t["points"]), default=1.0) or 1.0
+    bottom, funcs = axes[-1], _squeezed(data)
+    bottom.set_xlim(0, until)
+    if funcs is None:
+        bottom.set_xlabel("seconds since the run was created")
+        return
+    bottom.set_xscale("function", functions=funcs)
+    ticks, candidates = [0.0], [s["end"] for s in data["startups"]]
+    edges = [0.0, *(x for s in data["startups"] for x in (s["start"], s["end"])), until]
+    for a, b in zip(edges[::2], edges[1::2]):  # the stretches to scale, each with ticks for its width
+        bins = round(10 * float(funcs[0](b) - funcs[0](a)) / until)
+        candidates += [t for t in MaxNLocator(bins).tick_values(a, b) if a <= t <= b] if bins else []
+    for t in candidates:
+        if 0 <= t <= until and all(abs(funcs[0](t) - funcs[0](u)) > 0.04 * until for u in ticks):
+            ticks.append(float(t))
+    bottom.set_xticks(sorted(ticks), [f"{t:.1f}".removesuffix(".0") for t in sorted(ticks)])
+    for s in data["startups"]:
+        for ax in axes:
+            ax.axvspan(s["start"], s["end"], color="#eeeeee", zorder=0)
+        axes[0].annotate(f"start-up {s['end'] - s['start']:.1f} s", ((s["start"] + s["end"]) / 2, 0.03),
+                         xycoords=("data", "axes fraction"), ha="center", va="bottom", rotation=90, fontsize=7,
+                         color="#777777")
+    bottom.set_xlabel("seconds since the run was created (start-up compressed, shaded)")
+
+
+def figure(data: dict):
+    """The report as a matplotlib Figure (no pyplot, no display), a pure function of series.build()'s dict.
+    ReportError for a run that ended in its preflight, or without matplotlib."""
+    if data["refused"]:
+        raise ReportError(refused_words(data))
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise ReportError("the report needs matplotlib, which the launcher's base install leaves out: "
                           "pip install 'mgpu-cluster[report]' (or pip install matplotlib)") from None
-    t0 = run.get("created_at") or min((h["time"] for h in history), default=0.0)
-    fig = Figure(figsize=(11, 8.5), layout="constrained")
-    rate, split, timeline = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 2])
-    tasks = sorted({h["task"] for h in history if isinstance(h.get("task"), int)})
-    colours = {t: f"C{n % 10}" for n, t in enumerate(tasks)}
-    for t in tasks:
-        mine = [h for h in history if h.get("task") == t]
-        for key, ax, style, label in (("samples_per_sec", rate, "-", f"task {t}"),
-                                      ("compute_ms", split, "-", f"task {t} own work"),
-                                      ("wait_ms", split, "--", f"task {t} waiting")):
-            pts = [(h["time"] - t0, h["progress"][key]) for h in mine
-                   if isinstance(h["progress"].get(key), (int, float))]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, style, color=colours[t], label=label, marker=".", markersize=3, linewidth=1.2)
-    rate.set_ylabel("samples/s")
-    split.set_ylabel("ms per step")
-    for ax, empty in ((rate, "no samples/s recorded"), (split, "no step split recorded (compute_ms, wait_ms)")):
-        if ax.lines:
-            ax.legend(loc="upper left", fontsize=8, ncols=min(4, len(ax.lines)))
-        else:
-            ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="grey")
+    words = notes(data)
+    heights = [3, 2, 2, 2, 1.2, 0.6 + NOTE_LINE_IN * len(words)]
+    fig = Figure(figsize=(12, sum(heights) + 0.8), layout="constrained")
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
+    rate = fig.add_subplot(grid[0])
+    axes = [rate] + [fig.add_subplot(grid[i], sharex=rate) for i in range(1, 5)]
+    rate, split, lossax, metricsax, timelineax = axes
+    colours = {t["index"]: f"C{n % 10}" for n, t in enumerate(data["tasks"])}
+    panels.throughput(rate, data)
+    panels.step_split(split, data, colours)
+    panels.loss(lossax, data)
+    panels.metrics(metricsax, data)
+    panels.timeline(timelineax, data)
+    panels.epoch_marks(axes[:4], data)
+    panels.events(axes, data)
+    for ax in axes[:4]:
         ax.grid(alpha=0.3)
-    # the timeline: phases (row 1), attempts coloured by outcome (row 0), events as lines on every axis
-    from matplotlib.patches import Patch
-
-    until = open_end(run, history, now)
-    shown = phases(run, until)
-    for name, a, b in shown:
-        timeline.broken_barh([(a - t0, max(b - a, 0.01))], (1.1, 0.8), color=PHASE_COLOURS[name])
-    if shown:
-        timeline.legend(handles=[Patch(color=PHASE_COLOURS[n], label=f"{n} {b - a:.1f} s") for n, a, b in shown],
-                        loc="upper center", bbox_to_anchor=(0.5, -0.35), ncols=len(shown), fontsize=8, frameon=False)
-    for a in run.get("attempts") or []:
-        end = a.get("ended_at") or run.get("ended_at") or until or a["started_at"]
-        outcome = a.get("outcome")
-        timeline.broken_barh([(a["started_at"] - t0, max(end - a["started_at"], 0.01))], (0.1, 0.8),
-                             color=OUTCOME_COLOURS.get(outcome, OUTCOME_COLOURS[None]))
-        timeline.text((a["started_at"] + end) / 2 - t0, 0.5, f"attempt {a['number']}: {outcome or 'running'}",
-                      ha="center", va="center", fontsize=7, color="white", clip_on=True)
-    for when, label in events(run):
-        for ax in (rate, split, timeline):
-            ax.axvline(when - t0, color="#c0392b", linestyle=":", linewidth=1)
-        rate.annotate(label, (when - t0, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                      va="top", ha="right", color="#c0392b")
-    timeline.set_yticks([0.5, 1.5], ["attempts", "phases"])
-    timeline.set_ylim(0, 2)
-    timeline.set_xlabel("seconds since the run was created")
-    lost = run.get("hosts_lost") or []
-    title = (f"run {run.get('run_id', '?')}: {run.get('state', '?')}, {len(run.get('attempts') or [])} attempt(s), "
-             f"{run.get('restarts', 0)} restart(s), {run.get('preemptions', 0)} preemption(s)"
-             + (f", lost tasks {lost}" if lost else ""))
-    fig.suptitle(title, fontsize=10)
+        ax.tick_params(labelbottom=False)
+    _time_axis(axes, data)
+    text = fig.add_subplot(grid[5])
+    text.axis("off")
+    text.text(0, 1, "\n".join(words), transform=text.transAxes, va="top", ha="left", fontsize=8, family="monospace")
+    fig.suptitle(_title(data), fontsize=10)
     return fig
 
 
-def write(data: tuple[dict, list[dict]], path: Path, now: float | None = None) -> Path:
-    """figure() of (run, history) saved as a PNG at `path`."""
-    fig = figure(*data, now=now)
+def write(data: dict, path: Path) -> Path:
+    """figure() of series.build()'s dict saved as a PNG at `path` (whatever its name ends with), owner-only
+    (0600) like every file of a run, written whole (a reader never sees half)."""
+    fig, png = figure(data), io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
     path = Path(path)
     try:
-        fig.savefig(path, dpi=100, format="png")  # a PNG whatever the name ends with
+        write_private(path, png.getvalue())
     except OSError as exc:
         raise ReportError(f"cannot write the report to {path}: {exc.strerror or exc}; choose another path "
                           "with -o FILE.png") from None

@@ -22,6 +22,7 @@ from launcher.run import interrupts, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
 from launcher.run.failure import Failure, FailureKind, stop_words, told_once, with_stacks
 from launcher.run.output import Output
+from launcher.run.progress import without_told
 from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
 from launcher.run.states import RunState, TaskState
@@ -40,6 +41,7 @@ class Agent:
         self.spec, self.engine, self.owner, self.out = spec, engine, owner, out
         self.run = owner.record
         self.current: LiveAttempt | None = None  # the attempt that a Ctrl-C or an exit tears down
+        self.epochs_told: dict[int, list] = {}  # per task: the epoch summaries its last history line held
         owner.warn = out.say
         engine.on_job = self.job_known
 
@@ -254,9 +256,11 @@ class Agent:
         return unreached
 
     def remember(self, index: int, progress: dict | None) -> None:
-        """Each progress record, appended to the run's progress.jsonl (for `report`); a full disk skips it."""
-        line = json.dumps({"time": time.time(), "task": index, "attempt": self.run.attempt, "progress": progress},
-                          default=str)
+        """Each progress record, appended to the run's progress.jsonl (for `report`), each finished epoch's
+        summary once; a full disk skips it."""
+        told, self.epochs_told[index] = self.epochs_told.get(index, []), (progress or {}).get("epoch_ends") or []
+        line = json.dumps({"time": time.time(), "task": index, "attempt": self.run.attempt,
+                           "progress": without_told(progress, told)}, default=str)
         try:
             fd = os.open(run_path(self.run.run_id) / PROGRESS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:

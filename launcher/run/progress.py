@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from worker.progress import EPOCH_ENDS_KEPT
 from worker.protocol import ProgressState
 
 WHOLE = ("task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch", "first_global_step",
          "pid", "replicas")
 REAL = ("loss", "samples_per_sec", "time", "compute_ms", "wait_ms")
+EPOCH_REAL = ("start", "end", "samples_per_sec", "loss")  # of each finished epoch's summary (epoch_ends)
 MAX_METRICS, MAX_NAME = 32, 64
 
 
@@ -42,8 +44,33 @@ def typed(progress: Any) -> dict:
     state = ProgressState.of(progress)
     if state is not None:
         out["state"] = str(state)
-    metrics = progress.get("metrics")
-    if isinstance(metrics, dict):  # names shown on a terminal: no control characters (escape sequences)
-        out["metrics"] = {str(k)[:MAX_NAME]: _real(v) for k, v in list(metrics.items())[:MAX_METRICS]
-                          if _real(v) is not None and str(k).isprintable()}
+    if isinstance(progress.get("metrics"), dict):
+        out["metrics"] = _metrics(progress["metrics"])
+    ends = progress.get("epoch_ends")
+    if isinstance(ends, list):
+        out["epoch_ends"] = [_epoch_end(e) for e in ends[-EPOCH_ENDS_KEPT:]
+                             if isinstance(e, dict) and _whole(e.get("epoch")) is not None]
     return out
+
+
+def _metrics(metrics: dict) -> dict:
+    """Names shown on a terminal: no control characters (escape sequences)."""
+    return {str(k)[:MAX_NAME]: _real(v) for k, v in list(metrics.items())[:MAX_METRICS]
+            if _real(v) is not None and str(k).isprintable()}
+
+
+def _epoch_end(end: dict) -> dict:
+    """One finished epoch's summary: its number, when its rate was measured (start, end), the rate, loss, metrics."""
+    out = {"epoch": end["epoch"], **{k: _real(end.get(k)) for k in EPOCH_REAL if _real(end.get(k)) is not None}}
+    if isinstance(end.get("metrics"), dict):
+        out["metrics"] = _metrics(end["metrics"])
+    return out
+
+
+def without_told(progress: dict | None, told: list) -> dict | None:
+    """`progress` with only the epoch summaries that `told` (the task's previous record's) did not hold: the
+    run's history (progress.jsonl) gets each finished epoch once, not in every record while progress.json
+    keeps it."""
+    if not progress or "epoch_ends" not in progress:
+        return progress
+    return {**progress, "epoch_ends": [e for e in progress["epoch_ends"] if e not in told]}

@@ -1,0 +1,52 @@
+"""GET /metrics: every watched run's tasks in Prometheus' text format, collected anew at each scrape (a
+registry per request: no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from launcher.dashboard import data
+from launcher.errors import MgpuError
+from launcher.run.states import TaskState
+
+TASK_GAUGES = {  # series name: (its field in `status --json`, help)
+    "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs)."),
+    "mgpu_task_samples_per_second": ("samples_per_sec", "The task's recent training rate."),
+    "mgpu_task_heartbeat_age_seconds": ("heartbeat_age", "Seconds since the task's progress last changed."),
+    "mgpu_task_compute_ms": ("compute_ms", "The task's own work per step (ms)."),
+    "mgpu_task_wait_ms": ("wait_ms", "Time per step the task waited for its peers (ms)."),
+}
+
+
+class RunsCollector(Collector):
+    """The watched runs (data.watched) as they are at the moment of the scrape."""
+
+    def collect(self):
+        gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task"])
+                  for name, (_, help_) in TASK_GAUGES.items()}
+        up = GaugeMetricFamily("mgpu_task_up", "1 while the task's state is running, else 0.", labels=["run", "task"])
+        restarts = CounterMetricFamily("mgpu_run_restarts", "Restarts of the run after failures.", labels=["run"])
+        preemptions = CounterMetricFamily("mgpu_run_preemptions", "Restarts of the run after preemptions.",
+                                          labels=["run"])
+        for run_id in data.watched():
+            try:
+                snap = data.status(run_id)
+            except MgpuError:  # removed or damaged meanwhile: `ls` says so; a scrape goes on with the others
+                continue
+            restarts.add_metric([run_id], snap["restarts"])
+            preemptions.add_metric([run_id], snap["preemptions"])
+            for task in snap["tasks"]:
+                labels = [run_id, str(task["index"])]
+                up.add_metric(labels, 1.0 if task["state"] == TaskState.RUNNING.value else 0.0)
+                for name, (field, _) in TASK_GAUGES.items():
+                    if task.get(field) is not None:  # unknown yet: no sample, as Prometheus expects
+                        gauges[name].add_metric(labels, float(task[field]))
+        yield from (*gauges.values(), up, restarts, preemptions)
+
+
+def exposition() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunsCollector())
+    return generate_latest(registry)

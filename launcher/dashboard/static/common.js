@@ -1,0 +1,87 @@
+"use strict";
+// Shared by both pages. Everything read from a run's records and logs is untrusted: it reaches the page as
+// text (textContent, attribute values), never as markup.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function build(node, attrs, children) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "text") node.textContent = String(value);
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function el(tag, attrs, ...children) {
+  return build(document.createElement(tag), attrs, children);
+}
+
+function svg(tag, attrs, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+async function getJson(url, options) {
+  const response = await fetch(url, { cache: "no-store", credentials: "same-origin", ...options });
+  let body;
+  try {
+    body = await response.json();
+  } catch (_) {
+    body = { error: `${response.status} ${response.statusText}` };
+  }
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+// Call `step` now and again `every` ms after each call ends (never two at once), or twice as long as the call
+// took when that is longer: a long run's history is read whole, so its page never keeps the server busy.
+function poll(step, every) {
+  let timer = null;
+  const again = async () => {
+    const started = performance.now();
+    try {
+      await step();
+    } finally {
+      timer = setTimeout(again, Math.max(every, 2 * (performance.now() - started)));
+    }
+  };
+  again();
+  return () => clearTimeout(timer);
+}
+
+function showError(where, error) {
+  where.replaceChildren(error ? el("p", { class: "error", text: String(error.message || error) }) : "");
+}
+
+const fmt = {
+  num(x, digits = 0) {
+    return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "–";
+  },
+  duration(s) {
+    if (typeof s !== "number" || !isFinite(s)) return "–";
+    s = Math.max(0, Math.round(s));
+    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+    return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
+  },
+  clock(t) {  // seconds since the epoch -> local date and time
+    return typeof t === "number" ? new Date(t * 1000).toLocaleString() : "–";
+  },
+  of(a, b) {
+    return a === null || a === undefined ? "–" : b ? `${a}/${b}` : String(a);
+  },
+};
+
+function stateBadge(state) {
+  return el("span", { class: `state state-${String(state).replace(/[^a-z]/g, "")}`, text: state });
+}
+
+// Put `rows` in `body`, each cell labelled with its column's heading (a narrow screen shows rows as cards).
+function fillTable(body, rows) {
+  const names = [...body.closest("table").querySelectorAll("thead th")].map((th) => th.textContent);
+  for (const row of rows) [...row.children].forEach((td, i) => td.setAttribute("data-label", names[i] || ""));
+  body.replaceChildren(...rows);
+}

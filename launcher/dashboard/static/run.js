@@ -1,0 +1,206 @@
+"use strict";
+// One run's page: its tasks (polled every second), its charts and timeline (the run's series, the same data
+// as its PNG report), each task's log tail, and the stacks button.
+
+const RUN = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+const $ = (id) => document.getElementById(id);
+let runEnded = false;
+
+function splitBar(compute, wait) {
+  if (typeof compute !== "number" || typeof wait !== "number") return el("span", { text: "–" });
+  const total = compute + wait || 1;
+  const own = el("span", { class: "own" }), waiting = el("span", { class: "waiting" });
+  own.style.width = `${(100 * compute) / total}%`;
+  waiting.style.width = `${(100 * wait) / total}%`;
+  return el("span", { class: "split", title: "own work | waiting for the others, per step" },
+    el("span", { class: "bar" }, own, waiting),
+    el("span", { class: "split-text", text: `${fmt.num(compute, 1)} | ${fmt.num(wait, 1)} ms` }));
+}
+
+function seconds(s) {
+  return typeof s === "number" ? `${fmt.num(s, 1)} s` : "–";
+}
+
+function taskRow(t, straggler) {
+  const slow = straggler && straggler.task === t.index;
+  return el("tr", { "data-task": t.index, class: slow ? "straggler" : null },
+    el("td", { text: t.index }),
+    el("td", { class: "task-state" }, stateBadge(t.state)),
+    el("td", { class: "wrap", text: t.host }),
+    el("td", { class: "epoch", text: fmt.of(t.epoch, t.epochs) }),
+    el("td", { class: "step", text: fmt.of(t.step, t.steps_per_epoch) }),
+    el("td", { class: "global-step", text: fmt.of(t.global_step) }),
+    el("td", { class: "rate", text: fmt.num(t.samples_per_sec, 1) }),
+    el("td", { class: "heartbeat", text: seconds(t.heartbeat_age) }),
+    el("td", {}, splitBar(t.compute_ms, t.wait_ms)),
+    el("td", { text: t.exit_code ?? "" }));
+}
+
+function fact(name, value) {
+  return [el("dt", { text: name }), el("dd", { text: value })];
+}
+
+function showStatus(s) {
+  $("state").replaceChildren(stateBadge(s.refused ? "refused" : s.state));  // as the runs page says it
+  const launcher = s.launcher_alive ? (s.detached ? "running (detached)" : "running") : "gone";
+  const end = s.ended_at ?? Date.now() / 1000;
+  $("facts").replaceChildren(...[
+    fact("engine", s.engine), fact("spec", s.spec), fact("started", fmt.clock(s.created_at)),
+    fact("duration", fmt.duration(end - s.created_at)), fact("attempt", s.attempt),
+    fact("restarts", s.restarts), fact("preemptions", s.preemptions), fact("launcher", launcher),
+  ].flat());
+  const f = s.failure;
+  const [said, ...more] = String((f && f.message) || "").split("\n");
+  $("failure").replaceChildren(f ? el("div", { class: "failure" },
+    el("strong", { text: `${f.kind || "failure"}${f.task !== null && f.task !== undefined ? `, task ${f.task}` : ""}` }),
+    el("p", { class: "wrap", text: said }),
+    more.length ? el("details", {}, el("summary", { text: "the whole message" }),
+                     el("pre", { class: "wrap", text: more.join("\n") })) : "") : "");
+  $("unrecorded").replaceChildren(s.unrecorded ? el("p", { class: "note", text: s.unrecorded }) : "");
+  fillTable($("tasks"), s.tasks.map((t) => taskRow(t, s.straggler)));
+  const st = s.straggler;
+  $("straggler").textContent = st
+    ? `straggler: task ${st.task}, its own work per step is ${fmt.num(st.ratio, 2)}x the others' median ` +
+      "(the others wait for it)"
+    : "no straggler: every task's own work per step is within 1.25x of the others'";
+}
+
+function firstLine(text) {  // a reason's own words, without the log lines a failure carries
+  const line = String(text).split("\n")[0];
+  return line.length > 400 ? `${line.slice(0, 400)}…` : line;
+}
+
+function chartBox(title, explain, chart, lines) {
+  return el("figure", { class: "chart-box" }, el("figcaption", {}, el("strong", { text: title }), " ", explain),
+            chart, lines ? legend(lines) : null);
+}
+
+function pointsOf(items, key) {
+  return items.filter((p) => typeof p[key] === "number").map((p) => [p.t, p[key]]);
+}
+
+function showSeries(series, error) {
+  const box = $("charts");
+  if (!series || series.refused) {
+    const why = series ? "its preflight refused it: nothing was started, so there is nothing to draw" : error;
+    box.replaceChildren(el("p", { class: "note", text: why || "no data to draw yet" }));
+    return;
+  }
+  const width = Math.max(280, box.clientWidth - 2);
+  const allT = series.tasks.flatMap((t) => t.points.map((p) => p.t));
+  const until = Math.max(1, series.until ?? series.end ?? 0, ...allT);
+  const group = series.group || { within: [], epochs: [] };
+  const marks = group.epochs.map((e) => ({ t: e.t, label: `epoch ${e.epoch} ended` }));
+
+  const rate = [
+    { name: "within epochs (recent steps)", colour: colour(0), points: pointsOf(group.within, "samples_per_s") },
+    { name: "per epoch (that epoch's own rate)", colour: colour(3), dots: true,
+      points: pointsOf(group.epochs, "samples_per_s") },
+  ];
+  const firstTask = series.tasks.find((t) => t.points.some((p) => typeof p.loss === "number"));
+  const loss = [
+    { name: `within epochs (task ${firstTask ? firstTask.index : 0})`, colour: colour(0),
+      points: firstTask ? pointsOf(firstTask.points, "loss") : [] },
+    { name: "per epoch", colour: colour(3), dots: true, points: pointsOf(group.epochs, "loss") },
+  ];
+  const names = [...new Set(group.epochs.flatMap((e) => Object.keys(e.metrics || {})))].slice(0, 8);
+  const metrics = names.map((name, i) => ({ name, colour: colour(i + 4), dots: true,
+    points: group.epochs.filter((e) => typeof (e.metrics || {})[name] === "number").map((e) => [e.t, e.metrics[name]]) }));
+  const split = series.tasks.flatMap((t) => [
+    { name: `task ${t.index} own work`, colour: colour(t.index), points: pointsOf(t.points, "compute_ms") },
+    { name: `task ${t.index} waiting`, colour: colour(t.index), dashed: true, points: pointsOf(t.points, "wait_ms") },
+  ]);
+  const attempts = series.attempts || [];
+  box.replaceChildren(
+    chartBox("samples/s", "of the whole group (every task measures the same rate), from zero; grey lines: epoch ends.",
+             timeChart({ width, until, lines: rate, marks }), rate),
+    chartBox("loss", "per epoch, and within epochs.", timeChart({ width, until, lines: loss, marks }), loss),
+    metrics.length ? chartBox("metrics", "per epoch.", timeChart({ width, until, lines: metrics, marks }), metrics) : null,
+    chartBox("per step (ms)", "own work: computing its batch; waiting: for the slowest task, in the all-reduce.",
+             timeChart({ width, until, lines: split }), split),
+    chartBox("timeline", "phases, attempts (coloured by outcome) and events; hover for reasons.",
+             timeline({ width, until, phases: series.phases || [], attempts, events: series.events || [] })),
+  );
+  $("attempts").replaceChildren(...attempts.map((a) => el("li", {},
+    el("strong", { text: `attempt ${a.index}: ${a.outcome || "running"}` }),
+    ` ${mmss(a.start ?? 0)}–${typeof a.end === "number" ? mmss(a.end) : "now"}`,
+    a.reason ? el("span", { class: "reason", text: ` — ${firstLine(a.reason)}` }) : "")),
+    ...(series.events || []).map((e) => el("li", {}, el("strong", { text: e.kind }), ` ${mmss(e.t)} `,
+      el("span", { class: "reason", text: e.label || "" }))));
+  $("phases").replaceChildren(...(series.phases || []).map((p) => el("li", {
+    text: `${p.name} ${mmss(p.start ?? 0)}–${typeof p.end === "number" ? mmss(p.end) : "now"}` +
+          (typeof p.end === "number" && typeof p.start === "number" ? ` (${fmt.duration(p.end - p.start)})` : ""),
+  })));
+}
+
+async function refresh() {
+  try {
+    const status = await getJson(`/api/runs/${encodeURIComponent(RUN)}`);
+    showStatus(status);
+    runEnded = ["succeeded", "failed", "stopped", "lost"].includes(status.state);
+    showError($("problem"), null);
+  } catch (error) {
+    showError($("problem"), error);
+  }
+}
+
+async function refreshCharts() {
+  try {
+    showSeries(await getJson(`/api/runs/${encodeURIComponent(RUN)}/series`), null);
+  } catch (error) {
+    showSeries(null, error.message);
+  }
+}
+
+let logsDone = false;
+function logBox(index, host) {  // made once per task: a reader's open or closed box and scroll stay as they are
+  const id = `log-${index}`;
+  let box = document.getElementById(id);
+  if (!box) {
+    box = el("details", { id, open: true, "data-log": index }, el("summary", { text: `task ${index} (${host})` }),
+             el("pre", { class: "log" }));
+    $("logs").append(box);
+  }
+  return box;
+}
+
+async function refreshLogs() {
+  if (logsDone) return;
+  const wasEnded = runEnded;
+  try {
+    const tails = await getJson(`/api/runs/${encodeURIComponent(RUN)}/logs`);
+    for (const t of tails) {
+      const pre = logBox(t.index, t.host).querySelector("pre");
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.className = t.error ? "log error" : "log";
+      pre.textContent = t.error || t.lines.join("\n");
+      if (atEnd) pre.scrollTop = pre.scrollHeight;  // follow the tail, unless the reader scrolled up
+    }
+    logsDone = wasEnded;  // read once more after the end, then no more
+    showError($("logs-problem"), null);
+  } catch (error) {
+    showError($("logs-problem"), error);
+  }
+}
+
+async function takeStacks() {
+  const button = $("stacks-button"), out = $("stacks");
+  button.disabled = true;
+  out.replaceChildren(el("p", { class: "note", text: "taking the stacks of every running task (py-spy)…" }));
+  try {
+    const found = await getJson(`/api/runs/${encodeURIComponent(RUN)}/stacks`,
+                                { method: "POST", headers: { "X-Mgpu-Dashboard": "1" } });
+    out.replaceChildren(...found.map((s) => el("pre", { class: s.ok ? "log" : "log error", text: s.text })));
+  } catch (error) {
+    showError(out, error);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+document.title = `run ${RUN} · mgpu-cluster`;
+$("run-id").textContent = RUN;
+$("stacks-button").addEventListener("click", takeStacks);
+poll(refresh, 1000);  // the numbers: a task that fails shows failed within about 2 s
+poll(refreshCharts, 2000);  // the charts: the run's whole history, read again
+poll(refreshLogs, 3000);

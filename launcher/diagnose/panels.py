@@ -1,0 +1,172 @@
+"""The report's panels, each drawn on its own matplotlib Axes from series.build()'s dict: throughput, the step
+split, loss, metrics, and the timeline of phases and attempts; epoch marks and events across them."""
+
+from __future__ import annotations
+
+import math
+
+OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
+                   "stopped": "#7f8c8d", None: "#95a5a6"}
+PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67e22", "training": "#27ae60",
+                 "teardown": "#7f8c8d"}
+EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad"}
+BAR, LINE = "#9ecae1", "#08519c"
+MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark is labelled
+
+
+def _empty(ax, words: str) -> None:
+    ax.text(0.5, 0.5, words, transform=ax.transAxes, ha="center", va="center", color="grey")
+
+
+def _from_zero(ax, values: list[float]) -> None:
+    top = max(values, default=0.0)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
+
+
+def _lines(ax, points: list[dict], key: str, style: str, label: str, value=None, **kw) -> list[float]:
+    """One line per attempt (a line never joins two attempts across a restart) of `key` (or `value(point)`);
+    labelled once. The values drawn."""
+    value = value or (lambda p: p[key])
+    attempts: dict[int, list] = {}
+    for p in points:
+        if value(p) is not None:
+            attempts.setdefault(p["attempt"], []).append((p["t"], value(p)))
+    for pts in attempts.values():
+        ax.plot(*zip(*pts), style, label=label, **kw)
+        label = None
+    return [v for pts in attempts.values() for _, v in pts]
+
+
+def throughput(ax, data: dict) -> None:
+    """Each epoch's own samples/s as a bar over the time it was measured, the rate within epochs as a line;
+    the group's rate, once (series: group)."""
+    epochs = [e for e in data["group"]["epochs"] if e["samples_per_s"] is not None]
+    within = data["group"]["within"]
+    label = "per epoch: its console\nline's samples/s"
+    for e in epochs:
+        if e["start"] is not None and e["t"] > e["start"]:
+            ax.bar(e["start"], e["samples_per_s"], width=e["t"] - e["start"], align="edge", color=BAR,
+                   edgecolor="#3182bd", linewidth=0.8, label=label)
+        else:
+            ax.plot([e["t"]], [e["samples_per_s"]], "s", color="#3182bd", label=label)
+        label = None
+        middle = (e["start"] + e["t"]) / 2 if e["start"] is not None else e["t"]
+        ax.annotate(f"{e['samples_per_s']:.0f}", (middle, e["samples_per_s"]), textcoords="offset points",
+                    xytext=(0, -3), ha="center", va="top", fontsize=7, color="#08306b")
+    if within:
+        tasks = ", ".join(map(str, sorted({p["task"] for p in within})))
+        _lines(ax, within, "samples_per_s", "-", f"within epochs:\nlast 16 steps (task {tasks})", marker=".",
+               markersize=3, color=LINE, linewidth=1.2)
+    if not epochs and not within:
+        _empty(ax, "no samples/s recorded")
+    _from_zero(ax, [e["samples_per_s"] for e in epochs] + [p["samples_per_s"] for p in within])
+    ax.set_ylabel("samples/s (group)")
+    _legend(ax)
+
+
+def step_split(ax, data: dict, colours: dict[int, str]) -> None:
+    """Per task, its own work and its wait per step (ms)."""
+    values = []
+    for task in data["tasks"]:
+        for key, style, words in (("compute_ms", "-", "own work"), ("wait_ms", "--", "waiting")):
+            values += _lines(ax, task["points"], key, style, f"task {task['index']} {words}",
+                             color=colours[task["index"]], marker=".", markersize=3, linewidth=1.1)
+    if not values:
+        _empty(ax, "no step split recorded (compute_ms, wait_ms)")
+    _from_zero(ax, values)
+    ax.set_ylabel("ms per step")
+    _legend(ax)
+
+
+def _within(data: dict) -> list[dict]:
+    """The points of the lowest task per attempt: metrics are all-reduced, every task shows the same."""
+    chosen: dict[int, int] = {}
+    for task in data["tasks"]:
+        for p in task["points"]:
+            chosen.setdefault(p["attempt"], task["index"])
+    return [p for task in data["tasks"] for p in task["points"] if chosen.get(p["attempt"]) == task["index"]]
+
+
+def _per_epoch(ax, epochs: list[dict], name: str, marker: str, colour: str) -> list[float]:
+    def value(e: dict) -> float | None:
+        return e["loss"] if name == "loss" else e["metrics"].get(name)
+
+    return _lines(ax, epochs, name, "-", f"{name} (epoch)", value, marker=marker, color=colour, linewidth=1.2,
+                  markersize=5)
+
+
+def loss(ax, data: dict) -> None:
+    """The loss (and every metric named like one, val_loss) at each epoch's end; the running loss within."""
+    epochs, values = data["group"]["epochs"], []
+    names = ["loss"] + sorted({m for e in epochs for m in e["metrics"] if "loss" in m})
+    for n, name in enumerate(names):
+        values += _per_epoch(ax, epochs, name, "os^v"[n % 4], f"C{n}")
+    values += _lines(ax, _within(data), "loss", "-", "loss within epochs\n(running mean)", color="C0", alpha=0.4,
+                     linewidth=0.9)
+    if not values:
+        _empty(ax, "no loss recorded")
+    elif min(values) >= 0:
+        _from_zero(ax, values)
+    ax.set_ylabel("loss")
+    _legend(ax)
+
+
+def metrics(ax, data: dict) -> None:
+    """Every other metric (accuracy, val_accuracy, ...) at each epoch's end."""
+    epochs = data["group"]["epochs"]
+    names = sorted({m for e in epochs for m in e["metrics"] if "loss" not in m})
+    for n, name in enumerate(names):
+        _per_epoch(ax, epochs, name, "os^vD"[n % 5], f"C{n + 2}")
+    if not names:
+        _empty(ax, "no metrics recorded at an epoch's end")
+    ax.set_ylabel("metrics")
+    _legend(ax)
+
+
+def epoch_marks(axes: list, data: dict) -> None:
+    """A dotted line at each epoch's end, labelled with its number on every panel given."""
+    epochs = data["group"]["epochs"]
+    every = max(1, math.ceil(len(epochs) / MAX_EPOCH_LABELS))
+    for n, e in enumerate(epochs):
+        for ax in axes:
+            ax.axvline(e["t"], color="#555555", linestyle=":", linewidth=0.8, zorder=0)
+            if n % every == 0 or n == len(epochs) - 1:
+                ax.annotate(f"epoch {e['epoch']}", (e["t"], 1), xycoords=("data", "axes fraction"), xytext=(-1, -2),
+                            textcoords="offset points", ha="right", va="top", rotation=90, fontsize=6.5,
+                            color="#555555")
+
+
+def events(axes: list, data: dict) -> None:
+    """Restarts, preemptions, lost hosts and failures: a line across every panel, numbered as in the notes."""
+    for n, ev in enumerate(data["events"], 1):
+        colour = EVENT_COLOURS[ev["kind"]]
+        for ax in axes:
+            ax.axvline(ev["t"], color=colour, linestyle="--", linewidth=1.2)
+        axes[0].annotate(f"[{n}]", (ev["t"], 0.6 - 0.1 * ((n - 1) % 5)), xycoords=("data", "axes fraction"),
+                         xytext=(3, 0), textcoords="offset points", fontsize=8, color=colour, weight="bold")
+
+
+def timeline(ax, data: dict) -> None:
+    """Phases (upper row) and attempts coloured by outcome (lower row)."""
+    from matplotlib.patches import Patch
+
+    until = data["until"] or 0.0
+    for p in data["phases"]:
+        ax.broken_barh([(p["start"], max(p["end"] - p["start"], 0.01))], (1.1, 0.8), color=PHASE_COLOURS[p["name"]])
+    for a in data["attempts"]:
+        end = a["end"] if a["end"] is not None else max(until, a["start"])
+        ax.broken_barh([(a["start"], max(end - a["start"], 0.01))], (0.1, 0.8),
+                       color=OUTCOME_COLOURS.get(a["outcome"], OUTCOME_COLOURS[None]))
+        ax.text((a["start"] + end) / 2, 0.5, f"attempt {a['index']}: {a['outcome'] or 'running'}", ha="center",
+                va="center", fontsize=7, color="white", clip_on=True)
+    if data["phases"]:
+        ax.legend(handles=[Patch(color=PHASE_COLOURS[p["name"]], label=f"{p['name']} {p['end'] - p['start']:.1f} s")
+                           for p in data["phases"]],
+                  loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=len(data["phases"]), fontsize=8, frameon=False)
+    ax.set_yticks([0.5, 1.5], ["attempts", "phases"])
+    ax.set_ylim(0, 2)

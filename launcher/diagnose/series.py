@@ -1,0 +1,193 @@
+"""A run as the data its pictures draw: the run record (state.json) and its progress history (progress.jsonl),
+read once as untrusted bytes, turned into one JSON-ready dict of seconds since the run's start. The PNG report
+and the live page both draw it; every number that is not a finite value of its type and range is left out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.diagnose import timeline
+from launcher.diagnose.values import Clock, items, measure, measures, real, text, whole
+from launcher.errors import ReportError
+from launcher.run.files import read_file
+from launcher.run.progress import typed
+from launcher.run.record import PROGRESS_LOG, STATE
+
+HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn
+
+
+def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
+    """The run record and its progress history as plain data, read as untrusted bytes (launcher.run.files):
+    lines that are not UTF-8 JSON objects of the expected shape are skipped; of a history larger than
+    HISTORY_BYTES, the newest part. A file that cannot be read is one paragraph (exit 2)."""
+    try:
+        run = json.loads(read_file(Path(state)))
+    except FileNotFoundError:
+        raise ReportError(f"{state} is missing: the run has no record to draw") from None
+    except (ValueError, RecursionError):
+        run = None
+    if not isinstance(run, dict):
+        raise ReportError(f"{state} is not the JSON record mgpu-cluster writes; 'mgpu-cluster status' tells more")
+    try:
+        lines = read_file(Path(progress), limit=HISTORY_BYTES, newest=True).split(b"\n")
+    except FileNotFoundError:
+        lines = []
+    history = []
+    for line in lines:
+        try:
+            item = json.loads(line)  # bytes: not UTF-8 is a ValueError too
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(item, dict) and isinstance(item.get("progress"), dict) and real(item.get("time")) is not None:
+            history.append(item)
+    return run, history
+
+
+def load(run_dir: Path, now: float | None = None) -> dict:
+    """build() of the run in `run_dir` ($MGPU_HOME/runs/<run-id>)."""
+    run_dir = Path(run_dir)
+    return build(*from_files(run_dir / STATE, run_dir / PROGRESS_LOG), now=now)
+
+
+# --------------------------------------------------------------------------- the series
+
+def build(run: dict, history: list[dict], now: float | None = None) -> dict:
+    """The run as one JSON-ready dict (see docs/report.md): times in seconds since `t0` (the run's start);
+    `now`: where a run that has not ended is drawn up to when it has no newer progress."""
+    run = run if isinstance(run, dict) else {}
+    now = real(now)
+    rows = _rows(history)
+    t0 = real(run.get("created_at")) or min((r["time"] for r in rows), default=0.0)
+    ended = real(run.get("ended_at"))
+    clock = Clock(t0, ended if ended is not None else now)
+    rows = [r for r in rows if clock(r["time"]) is not None]
+    offsets = _offsets(rows)
+    tasks, epochs = _tasks(run, rows, clock, offsets), _epochs(rows, clock, offsets)
+    until = ended if ended is not None else timeline.open_end(run, rows[-1]["time"] if rows else None, now)
+    phases = timeline.phases(run, clock, until)
+    tried = timeline.attempts(run, clock)
+    lost = run.get("hosts_lost") if isinstance(run.get("hosts_lost"), list) else []
+    return {"run_id": text(run.get("run_id")) or "?", "state": text(run.get("state")), "t0": t0,
+            "end": clock(ended), "until": clock(until), "refused": timeline.refused(run),
+            "restarts": whole(run.get("restarts")) or 0, "preemptions": whole(run.get("preemptions")) or 0,
+            "hosts_lost": [i for i in lost if whole(i) is not None],
+            "failure": timeline.failure(run.get("failure")), "tasks": tasks, "epochs": epochs,
+            "group": {"within": _group_within(tasks), "epochs": _group_epochs(epochs)},
+            "phases": phases, "startups": _startups(phases, tried, tasks, epochs),
+            "attempts": tried, "events": timeline.events(run, clock, tried)}
+
+
+def _rows(history: list[dict]) -> list[dict]:
+    """History lines as {time, task, attempt, progress (typed)}, in time order."""
+    rows = []
+    for item in items(history):
+        if whole(item.get("task")) is None or real(item.get("time")) is None:
+            continue
+        rows.append({"time": real(item["time"]), "task": item["task"], "attempt": whole(item.get("attempt")) or 0,
+                     "progress": typed(item.get("progress"))})
+    return sorted(rows, key=lambda r: r["time"])
+
+
+def _offsets(rows: list[dict]) -> dict[int, float]:
+    """Per task, the launcher's clock minus the task's (its host's clock, and the up to a second before the
+    launcher reads a write): the low tenth of the differences, so a few damaged times do not move it."""
+    gaps: dict[int, list[float]] = {}
+    for r in rows:
+        if "time" in r["progress"]:
+            gaps.setdefault(r["task"], []).append(r["time"] - r["progress"]["time"])
+    return {task: sorted(g)[len(g) // 10] for task, g in gaps.items()}
+
+
+def _tasks(run: dict, rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[dict]:
+    hosts = {t["index"]: (text(t.get("host")) or "?")[:200] for t in items(run.get("tasks"))
+             if whole(t.get("index")) is not None}
+    points: dict[int, list[dict]] = {i: [] for i in hosts}
+    for r in rows:
+        point = _point(r, clock, offsets.get(r["task"], 0.0))
+        if point is not None:
+            points.setdefault(r["task"], []).append(point)
+    return [{"index": i, "host": hosts.get(i, "?"), "points": sorted(points[i], key=lambda p: p["t"])}
+            for i in sorted(points)]
+
+
+def _point(row: dict, clock: Clock, offset: float) -> dict | None:
+    p = row["progress"]
+    t = clock(p["time"] + offset) if "time" in p else clock(row["time"])
+    if t is None:
+        return None
+    return {"t": t, "attempt": row["attempt"], "state": p.get("state"), "epoch": p.get("epoch"),
+            "step": p.get("step"), "global_step": p.get("global_step"),
+            "samples_per_s": measure(p.get("samples_per_sec")), "loss": measure(p.get("loss")),
+            "metrics": measures(p.get("metrics")), "compute_ms": measure(p.get("compute_ms")),
+            "wait_ms": measure(p.get("wait_ms"))}
+
+
+def _epochs(rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[dict]:
+    """Each finished epoch of each task and attempt, once (the newest word on it): its own rate, loss and
+    metrics, from the summaries the worker keeps; for a task whose history has none (an older worker),
+    where the epoch was seen complete, without a rate."""
+    found: dict[tuple, dict] = {}
+    summarised = {r["task"] for r in rows if "epoch_ends" in r["progress"]}
+    for r in rows:
+        shift = offsets.get(r["task"], 0.0)
+        if r["task"] in summarised:
+            ends = [(e, clock(e["end"] + shift) if "end" in e else None) for e in r["progress"].get("epoch_ends", [])]
+        else:
+            ends = [(e, clock(r["time"])) for e in _seen_complete(r["progress"])]
+        for e, t in ends:
+            start = clock(e["start"] + shift) if "start" in e else None
+            if t is not None:
+                found[(r["task"], r["attempt"], e["epoch"])] = {
+                    "task": r["task"], "attempt": r["attempt"], "epoch": e["epoch"], "t": t,
+                    "start": start if start is not None and start <= t else None,
+                    "samples_per_s": measure(e.get("samples_per_sec")), "loss": measure(e.get("loss")),
+                    "metrics": measures(e.get("metrics"))}
+    return sorted(found.values(), key=lambda e: (e["t"], e["task"]))
+
+
+def _seen_complete(p: dict) -> list[dict]:
+    """An older worker's record at the last step of its epoch, as an epoch summary without a rate."""
+    steps, epoch = p.get("steps_per_epoch"), p.get("epoch")
+    if not steps or not epoch or p.get("step") != steps or p.get("state") not in ("training", "done"):
+        return []
+    return [{"epoch": epoch, "loss": p.get("loss"), "metrics": p.get("metrics")}]
+
+
+def _group_within(tasks: list[dict]) -> list[dict]:
+    """The group's samples/s over time, drawn once: every task measures the same global rate (global batch
+    x steps/s), so per attempt the lowest task that measured it."""
+    chosen: dict[int, int] = {}
+    for task in tasks:
+        for p in task["points"]:
+            if p["samples_per_s"] is not None:
+                chosen.setdefault(p["attempt"], task["index"])
+    return [{"t": p["t"], "samples_per_s": p["samples_per_s"], "task": task["index"], "attempt": p["attempt"]}
+            for task in tasks for p in task["points"]
+            if p["samples_per_s"] is not None and chosen.get(p["attempt"]) == task["index"]]
+
+
+def _group_epochs(epochs: list[dict]) -> list[dict]:
+    """Each epoch of each attempt once, as the lowest task measured it: metrics are all-reduced and the rate
+    is the group's, so the tasks differ by a few samples/s at most (the console shows either's line)."""
+    chosen: dict[tuple, dict] = {}
+    for e in sorted(epochs, key=lambda e: e["task"]):
+        chosen.setdefault((e["attempt"], e["epoch"]), e)
+    return sorted(chosen.values(), key=lambda e: e["t"])
+
+
+def _startups(phases: list[dict], tried: list[dict], tasks: list[dict], epochs: list[dict]) -> list[dict]:
+    """Each attempt's start-up: from its start (the run's, preflight included, for the first) to its first
+    step (a rate measured, an epoch's rate window opened), or to its end where it never trained."""
+    first = next((p["end"] for p in phases if p["name"] == "first step"), None)
+    found, after = [], 0.0
+    for n, a in enumerate(tried):
+        began = [p["t"] for t in tasks for p in t["points"] if p["attempt"] == a["index"] and p["samples_per_s"]]
+        began += [e["start"] for e in epochs if e["attempt"] == a["index"] and e["start"] is not None]
+        start = 0.0 if n == 0 else a["start"]
+        end = first if n == 0 and first is not None else min(began, default=a["end"])
+        if end is not None and start >= after and end > start:
+            found.append({"attempt": a["index"], "start": start, "end": end})
+            after = end
+    return found

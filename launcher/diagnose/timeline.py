@@ -1,0 +1,119 @@
+"""What the run record (state.json) says happened when: the phases, the attempts and their failures, the
+restarts, preemptions and lost hosts between them; as seconds since the run began (values.Clock)."""
+
+from __future__ import annotations
+
+import signal
+
+from launcher.diagnose.values import Clock, integer, items, real, text, whole
+from launcher.run.failure import FailureKind
+from launcher.run.states import AttemptOutcome, RunState
+
+OUTCOMES = {str(o) for o in AttemptOutcome}
+KINDS = {str(k) for k in FailureKind}
+ENDED = {str(s) for s in RunState if s.ended}
+SWITCHES = {"preempted": ("preemption", "preemption"), "shrunk": ("lost", "host lost")}  # the outcome before
+WORDS = {"lost": "was lost (its host or supervisor went away or fell silent)",
+         "hung": "hung (no progress for longer than heartbeat_timeout)", "not_started": "did not start",
+         "port_taken": "found its port taken", "scheduler": "was ended by the scheduler",
+         "refused": "was refused by the preflight", "stopped": "was stopped"}
+
+
+def refused(run: dict) -> bool:
+    """It ended in its preflight: no task was ever started (launcher.listing.ended_in_preflight)."""
+    ended = run.get("state") in ENDED or real(run.get("ended_at")) is not None
+    phases = run.get("phases")
+    return ended and not (isinstance(phases, dict) and "preflight_s" in phases)
+
+
+def open_end(run: dict, newest: float | None, now: float | None) -> float | None:
+    """Where a run that has not ended (still going, or hung) is drawn up to: its newest progress time, else
+    `now`, never before the newest time its record holds, never after `now`. None for a run that has ended."""
+    if real(run.get("ended_at")) is not None:
+        return None
+    ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
+    known = [run.get("created_at"), *(ph.get(k) for k in ("spawn_started", "all_started", "first_step")),
+             *(a.get("started_at") for a in items(run.get("attempts"))),
+             *(t.get("heartbeat") for t in items(run.get("tasks"))), newest if newest is not None else now]
+    known = [x for x in map(real, known) if x is not None and (now is None or x <= now)]
+    return max(known) if known else None
+
+
+def phases(run: dict, clock: Clock, until: float | None = None) -> list[dict]:
+    """Preflight, start, first step, training and teardown, as far as recorded; `until`: where training ends
+    in a run that has not ended (open_end(), absolute)."""
+    ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
+    t0, at = real(run.get("created_at")), {k: real(ph.get(k)) for k in ("spawn_started", "all_started", "first_step",
+                                                                         "end", "preflight_s")}
+    attempts = items(run.get("attempts"))
+    end = at["end"] or (real(attempts[-1].get("ended_at")) if attempts else None) or until
+    preflight_end = at["spawn_started"] or (t0 + at["preflight_s"] if t0 and at["preflight_s"] is not None else None)
+    marks = [("preflight", t0, preflight_end), ("start", at["spawn_started"], at["all_started"]),
+             ("first step", at["all_started"], at["first_step"]), ("training", at["first_step"], end),
+             ("teardown", end, real(run.get("ended_at")))]
+    found = [{"name": name, "start": clock(a), "end": clock(b)} for name, a, b in marks]
+    return [p for p in found if p["start"] is not None and p["end"] is not None and p["end"] >= p["start"]]
+
+
+def failure(data) -> dict | None:
+    """A failure as recorded (launcher.run.failure.Failure.to_json), its fields checked; a record written
+    before failures were data holds only words."""
+    if isinstance(data, str):
+        data = {"message": data}
+    if not isinstance(data, dict):
+        return None
+    kind = data.get("kind") if data.get("kind") in KINDS else None
+    host, sig = text(data.get("host")), text(data.get("signal"))
+    return {"kind": kind, "task": whole(data.get("task")), "host": host[:200] if host else None,
+            "exit_code": integer(data.get("exit_code")), "signal": sig[:40] if sig else None,
+            "message": text(data.get("message")), "log": text(data.get("log"))}
+
+
+def describe(f: dict) -> str:
+    """`task 1 on node2 was killed by SIGKILL (exit code -9)`: who, and how it ended, in one line."""
+    who = f"task {f['task']}" if f["task"] is not None else "the run"
+    who += f" on {f['host']}" if f["host"] else ""
+    code = f["exit_code"]
+    if f["signal"]:
+        return f"{who} was killed by {f['signal']}" + (f" (exit code {code})" if code is not None else "")
+    if code is not None:
+        return f"{who} exited with code {code}" + _shell_signal(code)
+    return f"{who} {WORDS.get(f['kind'], 'failed')}"
+
+
+def _shell_signal(code: int) -> str:
+    """A shell reports a child killed by signal N as 128+N."""
+    try:
+        return f" ({signal.Signals(code - 128).name}: 128 + its number)" if code > 128 else ""
+    except ValueError:
+        return ""
+
+
+def attempts(run: dict, clock: Clock) -> list[dict]:
+    found = []
+    for a in items(run.get("attempts")):
+        start, end = clock(a.get("started_at")), clock(a.get("ended_at"))
+        if start is None:
+            continue
+        index = whole(a.get("number"))
+        found.append({"index": index if index is not None else len(found), "start": start,
+                      "end": end if end is not None and end >= start else None,
+                      "outcome": a.get("outcome") if a.get("outcome") in OUTCOMES else None,
+                      "reason": text(a.get("reason")), "failure": failure(a.get("failure"))})
+    return found
+
+
+def events(run: dict, clock: Clock, tried: list[dict]) -> list[dict]:
+    """Restarts, preemptions and lost hosts where the next attempt began; each failure where its attempt
+    ended (the run's own failure where the run ended, when no attempt holds it)."""
+    found = []
+    for prev, nxt in zip(tried, tried[1:]):
+        kind, words = SWITCHES.get(prev["outcome"], ("restart", "restart"))
+        found.append({"t": nxt["start"], "kind": kind, "label": f"{words}: attempt {nxt['index']}"})
+    for a in tried:
+        if a["end"] is not None and a["failure"]:
+            found.append({"t": a["end"], "kind": "failure", "label": describe(a["failure"])})
+    own, end = failure(run.get("failure")), clock(run.get("ended_at"))
+    if own and end is not None and own["message"] not in {(a["failure"] or {}).get("message") for a in tried}:
+        found.append({"t": end, "kind": "failure", "label": describe(own)})
+    return sorted(found, key=lambda e: e["t"])

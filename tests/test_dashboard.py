@@ -1,0 +1,222 @@
+"""`mgpu-cluster dashboard`: the server as a user starts it (its errors, the token), /metrics of a live digits
+run, and the run's page in a real Chromium driven by Playwright (the system's browser, nothing downloaded)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import DIGITS, IN_CI, Cli, free_port, status_json, wait_for, write_spec
+
+CHROMIUM = "/usr/bin/chromium"
+MARKUP = "<img src=x onerror=document.title='pwned'>.toml"  # a spec's file name
+SERIES = ["mgpu_task_step", "mgpu_task_samples_per_second", "mgpu_task_heartbeat_age_seconds",
+          "mgpu_task_compute_ms", "mgpu_task_wait_ms", "mgpu_task_up"]
+
+
+@contextlib.contextmanager
+def dashboard(cli: Cli, *args: str):
+    """`mgpu-cluster dashboard --port P ARGS` until the block ends: (its first line, its URL, its port)."""
+    port = free_port()
+    proc = cli.popen("dashboard", "--port", str(port), *args)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("dashboard: http://"), first + proc.stdout.read()
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _reachable(port), 30, "the dashboard to answer")
+        yield first, url, port
+    finally:
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C
+        try:
+            proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}, method=method), timeout=60) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+# --------------------------------------------------------------------------- the server, no run needed
+
+def test_port_in_use_and_a_missing_extra_are_one_paragraph_exit_2(tmp_path):
+    cli = Cli(tmp_path / "home", tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        r = cli("dashboard", "--port", str(taken.getsockname()[1]), timeout=60)
+    assert r.returncode == 2 and "is in use" in r.stderr and "--port" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.strip().count("\n\n") == 0, r.stderr
+    without = ("import sys; sys.modules['uvicorn'] = None; sys.argv = ['mgpu-cluster', 'dashboard']; "
+               "from launcher.cli import main; main()")  # as if the extra were not installed
+    r = subprocess.run([sys.executable, "-c", without], capture_output=True, text=True, timeout=60, env=cli.env)
+    assert r.returncode == 2 and "pip install 'mgpu-cluster[dashboard]'" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_off_loopback_every_request_needs_the_printed_token(tmp_path):
+    cli = Cli(tmp_path / "home", tmp_path)
+    with dashboard(cli, "--host", "0.0.0.0") as (first, url, _):
+        token = first.split("?token=")[1].split()[0]
+        assert len(token) >= 24, first
+        for path in ("/", "/api/runs", "/metrics", "/static/run.js"):
+            assert get(url + path)[0] == 401, path
+            assert get(url + path + "?token=wrong")[0] == 401, path
+            assert get(url + path, {"Authorization": "Bearer wrong"})[0] == 401, path
+        code, headers, _ = get(f"{url}/?token={token}")
+        assert code == 200 and "mgpu_token=" in headers.get("set-cookie", ""), headers
+        assert "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
+        assert "default-src 'self'" in headers["content-security-policy"]
+        cookie = headers["set-cookie"].split(";")[0]
+        code, _, body = get(f"{url}/api/runs", {"Cookie": cookie})  # the page's own requests, after the first
+        assert (code, body) == (200, "[]")
+        code, _, text = get(f"{url}/metrics", {"Authorization": f"Bearer {token}"})
+        assert code == 200 and "Traceback" not in text
+
+
+def test_on_loopback_no_token_but_only_loopback_names_and_no_cross_site_post(tmp_path):
+    cli = Cli(tmp_path / "home", tmp_path)
+    with dashboard(cli) as (first, url, port):
+        assert "token" not in first, first
+        assert get(f"{url}/api/runs")[0] == 200
+        assert get(f"{url}/api/runs", {"Host": f"evil.example:{port}"})[0] == 421  # a DNS rebinding's request
+        run = "20261126-000000-abcd"
+        assert get(f"{url}/api/runs/{run}/stacks", method="POST")[0] == 403  # a form of another site
+        code, _, text = get(f"{url}/api/runs/{run}/stacks", {"X-Mgpu-Dashboard": "1"}, method="POST")
+        assert code == 404 and "not found" in json.loads(text)["error"], text
+        assert get(f"{url}/runs/..%2F..%2Fetc")[0] == 404
+        assert get(f"{url}/api/runs/nope")[0] == 404
+
+
+# --------------------------------------------------------------------------- a live run
+
+def live_run(cli: Cli, tmp_path, name: str = "cluster.toml") -> str:
+    """A two-task digits run that lasts (500 epochs), detached; its id once both tasks have trained steps."""
+    spec = write_spec(tmp_path, training=DIGITS + "\nepochs = 500", name=name)
+    r = cli("up", "--detach", spec, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    snap = wait_for(lambda: (s := status_json(cli)) and all(t["global_step"] for t in s["tasks"]) and s,
+                    240, "both tasks to train steps")
+    return snap["run_id"]
+
+
+def scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    code, _, text = get(f"{url}/metrics")
+    assert code == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_of_a_live_run_hold_every_series_per_task_with_steps_increasing(cli, tmp_path):
+    run = live_run(cli, tmp_path)
+    try:
+        with dashboard(cli) as (_, url, _):
+            first = scrape(url)
+            time.sleep(3)
+            second = scrape(url)
+    finally:
+        assert cli("down", timeout=120).returncode == 0
+    for task in ("0", "1"):
+        labels = (("run", run), ("task", task))
+        for name in SERIES:
+            assert (name, labels) in first and (name, labels) in second, (name, task, sorted(first))
+        assert second[("mgpu_task_step", labels)] > first[("mgpu_task_step", labels)], (first, second)
+        assert second[("mgpu_task_up", labels)] == 1.0
+    for name in ("mgpu_run_restarts_total", "mgpu_run_preemptions_total"):
+        assert second[(name, (("run", run),))] == 0.0
+
+
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if IN_CI:
+            raise
+        pytest.skip("needs playwright: pip install -e '.[test]' (runs always under CI=true)")
+    if not shutil.which(CHROMIUM) and not IN_CI:
+        pytest.skip(f"needs {CHROMIUM}: apt-get install -y chromium (runs always under CI=true)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def steps_on_screen(page) -> list[int]:
+    """Both tasks' steps done, as the page shows them now (-1 while not known)."""
+    texts = [page.inner_text(f'[data-task="{i}"] .global-step') if page.query_selector(f'[data-task="{i}"]') else ""
+             for i in (0, 1)]
+    return [int(t) if t.isdigit() else -1 for t in texts]
+
+
+@pytest.mark.browser
+def test_a_live_runs_page_moves_draws_and_shows_a_killed_task_failed_within_3_s(cli, tmp_path, browser):
+    run = live_run(cli, tmp_path, name=MARKUP)  # what the records hold is shown as text, never run as markup
+    try:
+        with dashboard(cli) as (_, url, _):
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url + "/")
+            page.wait_for_selector(f'[data-run="{run}"]', timeout=10_000)
+            assert "running" in page.inner_text(f'[data-run="{run}"]') and MARKUP in page.inner_text("body")
+            assert not page.query_selector("img") and page.title() != "pwned"
+
+            page.click(f'a[href="/runs/{run}"]')
+            # polled from here: the page's policy (no eval) stops Playwright's in-page wait_for_function
+            before = wait_for(lambda: min(s := steps_on_screen(page)) > 0 and s, 15, "both tasks' steps on screen")
+            wait_for(lambda: all(a > b for a, b in zip(steps_on_screen(page), before)), 15,
+                     f"both tasks' steps to increase on screen from {before}")
+            wait_for(lambda: page.evaluate("[...document.querySelectorAll('svg.chart path.line')]"
+                                           ".some((p) => (p.getAttribute('d') || '').split('L').length > 3)"),
+                     15, "a chart's line drawn")
+            for width in (1280, 390):  # a desktop and a phone
+                page.set_viewport_size({"width": width, "height": 900})
+                page.wait_for_timeout(1500)  # a refresh drawn at this width
+                scroll, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+                assert scroll <= inner, f"the page overflows at {width} px: {scroll} > {inner}"
+                assert page.is_visible('[data-task="1"] .task-state')
+
+            assert MARKUP in page.inner_text("#facts") and not page.query_selector("img")
+            page.click("#stacks-button")  # py-spy on each task's host, through the engine
+            try:
+                wait_for(lambda: len(page.query_selector_all("#stacks pre")) == 2, 60, "both tasks' stacks")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the page shows: {page.inner_text('#stacks')!r}") from None
+            assert all(t.startswith("task ") and "MainThread" in t for t in page.locator("#stacks pre").all_inner_texts())
+
+            pid = status_json(cli, run)["tasks"][1]["pid"]
+            os.kill(pid, signal.SIGKILL)  # task 1's training process
+            killed = time.monotonic()
+            wait_for(lambda: page.inner_text('[data-task="1"] .task-state') == "failed", 10, "task 1 shown failed")
+            took = time.monotonic() - killed
+            assert took < 3.0, f"task 1 shown failed {took:.1f} s after kill -9"
+            assert not errors, errors
+    finally:
+        cli("down", timeout=120)
