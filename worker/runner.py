@@ -145,11 +145,7 @@ def run(config: RunConfig) -> dict:
                                      local_replicas=config.local_replicas)
     task = load_entrypoint(config.entrypoint, entrypoint)
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
-    epochs = int(first_set(config.epochs, task.epochs, default=DEFAULT_EPOCHS))
-    per_replica = int(first_set(config.batch_size_per_replica, task.batch_size_per_replica,
-                               default=DEFAULT_BATCH_SIZE_PER_REPLICA))
-    base_lr = float(first_set(config.learning_rate, task.learning_rate,
-                             default=DEFAULT_LEARNING_RATE))
+    epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = default_dirs(run_dir)
     model_dir = config.model_dir or model_dir
     checkpoint_dir = config.checkpoint_dir or checkpoint_dir
@@ -172,44 +168,18 @@ def run(config: RunConfig) -> dict:
                       metrics=list(task.metrics))
 
     from worker.progress import ProgressCallback
-    from worker.steptime import StepClock
 
-    # each step's own work apart from the wait for peers (stragglers); MGPU_STEP_CLOCK=0 turns it off
-    clock = StepClock(tf) if os.environ.get("MGPU_STEP_CLOCK", "1") != "0" else None
-    if clock is not None:
-        try:
-            clock.install(model.optimizer)
-        except ValueError as exc:  # an optimizer of the user's own: trains the same, without the split
-            _say(f"note: {exc}; training goes on without it")
-            clock = None
+    clock = _step_clock(tf, model)
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
                                 global_batch_size=global_batch, mark_done_on_train_end=False, clock=clock)
     check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
-    every = first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
-    backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
-                                           lambda: writer.update(force=True, state=str(ProgressState.PREEMPTING)))
-    # the clock first (its step ends before any other callback's work), then the backup (a step is
-    # backed up before anyone reports it finished)
-    callbacks = [clock.callback(), backup] if clock is not None else [backup]
-    if config.tensorboard:
-        # tf_keras sends non-chief workers' logs to a temporary folder and removes it
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
-    extra = task.callbacks() if callable(task.callbacks) else task.callbacks
-    callbacks += [progress, *extra, stopper]
+    callbacks = _callbacks(config, task, keras, tf, checkpoint_dir, steps, info, writer, clock, progress)
 
     started = time.time()
-    try:
-        history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
-                            validation_steps=task.validation_steps, callbacks=callbacks,
-                            verbose=0)
-    except Preempted as exc:
-        progress.mark_preempted()
-        _say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']} step "
-             f"{progress.writer.fields['step']}), {time.time() - started:.1f}s in fit")
-        raise
+    history = _fit(model, dict(x=train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
+                               validation_steps=task.validation_steps, callbacks=callbacks, verbose=0),
+                   progress)
     returned = time.time()
-    if checkpoints.notice.is_set():
-        _say("notice (SIGTERM) after the last step: finishing")
     tail = returned - progress.last_epoch_end if progress.last_epoch_end else 0.0
     _say(f"fit returned {tail:.2f}s after the last epoch end")
 
@@ -223,6 +193,63 @@ def run(config: RunConfig) -> dict:
     return {"history": history.history, "model_path": model_path, "weights_path": weights_path,
             "fit_tail_s": tail, "steps_per_epoch": steps, "global_batch_size": global_batch,
             "replicas": replicas, "task": task_id}
+
+
+def settings(config: RunConfig, task: Task) -> tuple[int, int, float]:
+    """Epochs, batch size per replica and base learning rate: the config's, else the Task's, else ours."""
+    epochs = int(first_set(config.epochs, task.epochs, default=DEFAULT_EPOCHS))
+    per_replica = int(first_set(config.batch_size_per_replica, task.batch_size_per_replica,
+                               default=DEFAULT_BATCH_SIZE_PER_REPLICA))
+    base_lr = float(first_set(config.learning_rate, task.learning_rate, default=DEFAULT_LEARNING_RATE))
+    return epochs, per_replica, base_lr
+
+
+def _step_clock(tf, model):
+    """Times each step's own work apart from the wait for peers (stragglers); None when MGPU_STEP_CLOCK=0
+    or the optimizer is one it cannot wrap."""
+    from worker.steptime import StepClock
+
+    if os.environ.get("MGPU_STEP_CLOCK", "1") == "0":
+        return None
+    clock = StepClock(tf)
+    try:
+        clock.install(model.optimizer)
+    except ValueError as exc:  # an optimizer of the user's own: trains the same, without the split
+        _say(f"note: {exc}; training goes on without it")
+        return None
+    return clock
+
+
+def _callbacks(config: RunConfig, task: Task, keras, tf, checkpoint_dir: str, steps: int, info, writer, clock,
+               progress) -> list:
+    """fit's callbacks in their order: the step clock first (its step ends before any other callback's work),
+    then the backup (a step is backed up before anyone reports it finished), TensorBoard, progress, the
+    Task's own, and the notice's stopper last."""
+    every = first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
+    backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
+                                           lambda: writer.update(force=True, state=str(ProgressState.PREEMPTING)))
+    callbacks = [clock.callback(), backup] if clock is not None else [backup]
+    if config.tensorboard:
+        # tf_keras sends non-chief workers' logs to a temporary folder and removes it
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
+    extra = task.callbacks() if callable(task.callbacks) else task.callbacks
+    return [*callbacks, progress, *extra, stopper]
+
+
+def _fit(model, fit_args: dict, progress):
+    """model.fit; a notice during it is said with where it stopped (Preempted goes on up), one after the last
+    step is said too."""
+    started = time.time()
+    try:
+        history = model.fit(**fit_args)
+    except Preempted as exc:
+        progress.mark_preempted()
+        _say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']} step "
+             f"{progress.writer.fields['step']}), {time.time() - started:.1f}s in fit")
+        raise
+    if checkpoints.notice.is_set():
+        _say("notice (SIGTERM) after the last step: finishing")
+    return history
 
 
 def save_weights(model, path: str) -> str:
