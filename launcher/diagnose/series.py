@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 from launcher.diagnose import timeline
-from launcher.diagnose.values import Clock, items, measure, measures, real, text, whole
+from launcher.diagnose.values import Clock, items, measure, measures, text
 from launcher.errors import ReportError
 from launcher.run.files import read_file
-from launcher.run.progress import typed
+from launcher.run.progress import real, typed, whole
 from launcher.run.record import PROGRESS_LOG, STATE
 
 HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import signal
 
-from launcher.diagnose.values import Clock, integer, items, real, text, whole
+from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
+from launcher.run.progress import real, whole
 from launcher.run.states import AttemptOutcome, RunState
 
 OUTCOMES = {str(o) for o in AttemptOutcome}

@@ -3,26 +3,13 @@ finite value of its type and range (else None), and times become seconds since t
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from launcher.run.progress import real
 
 MAX_VALUE = 1e12  # a rate, a step time, a loss or a metric beyond this is no measure
 MAX_TEXT = 4000  # characters of a reason: mgpu-cluster writes far fewer
 SLACK_S = 5.0  # progress a little past the run's end (another host's clock) still counts
-
-
-def real(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def whole(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
 
 def integer(value: Any) -> int | None:

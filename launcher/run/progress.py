@@ -16,11 +16,11 @@ EPOCH_REAL = ("start", "end", "samples_per_sec", "loss")  # of each finished epo
 MAX_METRICS, MAX_NAME = 32, 64
 
 
-def _whole(value: Any) -> int | None:
+def whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
 
-def _real(value: Any) -> float | None:
+def real(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -36,11 +36,11 @@ def typed(progress: Any) -> dict:
         return {}
     out: dict = {}
     for key in WHOLE:
-        if _whole(progress.get(key)) is not None:
+        if whole(progress.get(key)) is not None:
             out[key] = progress[key]
     for key in REAL:
-        if _real(progress.get(key)) is not None:
-            out[key] = _real(progress[key])
+        if real(progress.get(key)) is not None:
+            out[key] = real(progress[key])
     state = ProgressState.of(progress)
     if state is not None:
         out["state"] = str(state)
@@ -49,19 +49,19 @@ def typed(progress: Any) -> dict:
     ends = progress.get("epoch_ends")
     if isinstance(ends, list):
         out["epoch_ends"] = [_epoch_end(e) for e in ends[-EPOCH_ENDS_KEPT:]
-                             if isinstance(e, dict) and _whole(e.get("epoch")) is not None]
+                             if isinstance(e, dict) and whole(e.get("epoch")) is not None]
     return out
 
 
 def _metrics(metrics: dict) -> dict:
     """Names shown on a terminal: no control characters (escape sequences)."""
-    return {str(k)[:MAX_NAME]: _real(v) for k, v in list(metrics.items())[:MAX_METRICS]
-            if _real(v) is not None and str(k).isprintable()}
+    return {str(k)[:MAX_NAME]: real(v) for k, v in list(metrics.items())[:MAX_METRICS]
+            if real(v) is not None and str(k).isprintable()}
 
 
 def _epoch_end(end: dict) -> dict:
     """One finished epoch's summary: its number, when its rate was measured (start, end), the rate, loss, metrics."""
-    out = {"epoch": end["epoch"], **{k: _real(end.get(k)) for k in EPOCH_REAL if _real(end.get(k)) is not None}}
+    out = {"epoch": end["epoch"], **{k: real(end.get(k)) for k in EPOCH_REAL if real(end.get(k)) is not None}}
     if isinstance(end.get("metrics"), dict):
         out["metrics"] = _metrics(end["metrics"])
     return out
