@@ -198,20 +198,27 @@ def tf_config(
     task: Optional[int] = typer.Option(None, "--task", help="Task index.", metavar="N"),
     all_: bool = typer.Option(False, "--all", help="Every task's TF_CONFIG."),
 ):
-    """Print the TF_CONFIG of one task (or of all) as JSON."""
+    """Print the TF_CONFIG of one task (or of all) as JSON; for backend = "jax", its KERAS_* variables."""
     from launcher.errors import SpecError
     from launcher.plan import plan_tasks
     from launcher.specfile import load_spec
+    from worker.host.env import KERAS_VARIABLES, Backend
 
     cluster = load_spec(spec)
     if all_ == (task is not None):
         raise SpecError("Give exactly one of --task N or --all.")
+    jax = cluster.training.backend is Backend.JAX
     if cluster.hosts is None:
-        raise SpecError(f"{spec}: with [slurm] or [kubernetes], each task builds its TF_CONFIG when it starts, from "
+        raise SpecError(f"{spec}: with [slurm] or [kubernetes], each task builds its "
+                        f"{'KERAS_DISTRIBUTION_* variables' if jax else 'TF_CONFIG'} when it starts, from "
                         "the nodes Slurm gave the job or the JobSet's host names; 'mgpu-cluster up --dry-run' shows how")
     if not all_ and not 0 <= task < cluster.num_workers:
         raise SpecError(f"--task {task}: {spec} has tasks 0..{cluster.num_workers - 1}.")
-    configs = [json.loads(p.env["TF_CONFIG"]) for p in plan_tasks(cluster, "tf-config")]  # the one builder's
+    plans = plan_tasks(cluster, "tf-config")  # the one builder's
+    if jax:  # the counterpart of TF_CONFIG: what keras.distribution.initialize() reads
+        configs = [{k: p.env[k] for k in KERAS_VARIABLES if k in p.env} for p in plans]
+    else:
+        configs = [json.loads(p.env["TF_CONFIG"]) for p in plans]
     typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
 
 @app.command()

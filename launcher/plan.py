@@ -10,7 +10,7 @@ from launcher.home import run_folder
 from launcher.spec import ClusterSpec, Host
 from launcher.specbase import SECRET
 from worker.host import layout
-from worker.host.env import endpoint, task_environment
+from worker.host.env import Backend, endpoint, task_environment
 from worker.host.spawn import module_argv
 
 SUPERVISOR = "worker.task.supervised"  # the on-host entry of local and SSH tasks
@@ -64,6 +64,13 @@ def host_env(host: Host) -> dict[str, str]:
     return {**env, **(host.env or {})}
 
 
+def cpu_devices(spec: ClusterSpec, gpus_named: bool) -> int | None:
+    """The logical CPU devices the builder gives a JAX task (XLA_FLAGS): local_replicas, on a task whose GPUs
+    are not named (on GPUs each visible GPU is one replica). TensorFlow's runner splits its CPU itself."""
+    jax = spec.training.backend is Backend.JAX
+    return spec.training.local_replicas if jax and not gpus_named else None
+
+
 def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     t = spec.training
     if t.command is not None:
@@ -93,8 +100,8 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
 def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) -> list[TaskPlan]:
     """Every task's plan; `only`: the spec's host indices that take part (elastic: fewer hosts).
 
-    A task keeps its index and folder whatever the others do; its TF_CONFIG names only the
-    hosts that take part, and its rank among them."""
+    A task keeps its index and folder whatever the others do; its TF_CONFIG (or Keras' variables) names
+    only the hosts that take part, and its rank among them."""
     chosen = list(range(len(spec.hosts))) if only is None else list(only)
     workers = [endpoint(spec.hosts[i].address, spec.hosts[i].port) for i in chosen]
     plans = []
@@ -102,10 +109,13 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
         host = spec.hosts[i]
         python = host.python or (sys.executable if host.is_local else "python3")
         run_dir = layout.task_dir(run_root(host, run_id), i)
+        gpus_named = host.gpus == "all" or bool(isinstance(host.gpus, list) and host.gpus)
         plans.append(TaskPlan(
             index=i, host=host, python=python, run_dir=run_dir,
             cwd=os.path.expanduser(host.workdir) if host.is_local and host.workdir else host.workdir,
-            argv=worker_argv(spec, python), env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i),
+            argv=worker_argv(spec, python),
+            env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i, backend=spec.training.backend,
+                                 cpu_devices=cpu_devices(spec, gpus_named)),
             grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace,
         ))
     return plans

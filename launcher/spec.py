@@ -11,6 +11,7 @@ from launcher.specbase import (DEVICES_MAX, LOCAL_ADDRESSES, WEEK_S, Count, CpuI
                                Port, Restarts, Seconds, _Model, _no_control, env_names, nul_at)
 from launcher.speck8s import K8S_NOT_LAUNCH, Kubernetes
 from launcher.specsched import Slurm, scheduler_problems
+from worker.host.env import Backend
 
 LEARNING_RATE_MAX = 1000.0  # far above any rate that trains; scaled by the replicas it stays a finite float32
 PREEMPT_GRACE_MAX = 65535  # Slurm's --signal=USR1@<seconds> takes at most 65535
@@ -86,6 +87,7 @@ class Collective(str, enum.Enum):
 
 
 class Training(_Model):
+    backend: Annotated[Backend, Field(strict=False)] = Backend.TENSORFLOW  # what trains (worker.host.env)
     entrypoint: Optional[str] = None
     command: Optional[list[str]] = Field(default=None, min_length=1)
     args: list[str] = []  # appended to the training's command line; `up SPEC -- ARGS` appends more
@@ -117,6 +119,9 @@ class Training(_Model):
         if self.command is not None and (self.local_replicas is not None or self.collective != Collective.AUTO):
             raise ValueError("local_replicas and collective are settings of the built-in runner ('entrypoint'); "
                              "a 'command' builds its own strategy (see worker.strategy_from_env)")
+        if self.backend is Backend.JAX and self.collective != Collective.AUTO:
+            raise ValueError(f"collective = {self.collective.value!r} is a setting of TensorFlow's all-reduce; with "
+                             "backend = \"jax\" JAX picks its own collectives: leave collective out")
         return self
 
 

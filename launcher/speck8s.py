@@ -26,7 +26,8 @@ ANNOTATIONS_MAX = 256 * 1024  # bytes of all of an object's annotations, keys an
 OWN_LABELS = "mgpu-cluster/"  # the prefix of the labels mgpu-cluster sets itself (mgpu-cluster/run)
 # set by Kubernetes (the Job's index) or by the pod entry from it: a value in [kubernetes].env would stand
 K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID",
-               "MGPU_NUM_WORKERS")
+               "MGPU_NUM_WORKERS", "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+               "KERAS_DISTRIBUTION_PROCESS_ID")
 # [launch] keys that mean nothing to a JobSet, and why
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -27,6 +28,14 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+
+
+def need(module: str):
+    """`module` imported; missing, the test is skipped, except under CI=true (.ci/run installs every extra the
+    tests need: there a missing one fails)."""
+    if IN_CI:
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import write_slurm_spec, launcher_traceback, latest_state, run_processes, status_json, wait_for, wait_gone
+from conftest import launcher_traceback, latest_state, need, run_processes, status_json, wait_for, wait_gone, write_slurm_spec
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
 from launcher.engines.slurm.follow import POLL_S, Follower
@@ -76,7 +76,7 @@ def test_tf_config_keeps_slurms_node_order_and_uses_addresses():
 
 @pytest.mark.cluster
 def test_tf_config_round_trips_through_tensorflow(monkeypatch):
-    tf = pytest.importorskip("tensorflow")
+    tf = need("tensorflow")
     nodes, addrs = ["node2", "node10"], {"node2": "10.1.0.2", "node10": "10.1.0.10"}
     for rank in range(2):
         monkeypatch.setenv("TF_CONFIG", json.dumps(slurm_task.tf_config(nodes, addrs, 20000, rank)))
@@ -462,6 +462,24 @@ def test_each_task_gets_the_environment_contract(sc, cli, tmp_path):
         assert env["MGPU_RUN_DIR"] == t["run_dir"] and env["SLURMD_NODENAME"] == f"node{i + 1}"
         assert (env["TF_USE_LEGACY_KERAS"], env["CUDA_VISIBLE_DEVICES"], env["MY_TOKEN"]) == ("1", "", "hunter2")
         assert t["port"] == 23456
+
+
+def test_each_task_of_a_jax_spec_gets_kerass_variables(sc, cli, tmp_path):
+    """backend = "jax": the coordinator (the first node's address, the port) and the task's rank, built on its
+    node from what the launcher wrote; no TF_CONFIG, no TF_USE_LEGACY_KERAS."""
+    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
+        cli.env.pop(name, None)  # srun passes the launcher's own environment on
+    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
+    spec = write_slurm_spec(tmp_path, f'backend = "jax"\ncommand = {json.dumps([PY, "-c", dump])}',
+                            slurm="port = 23457")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = latest_state(cli)
+    coordinator = f"{sc.nodes[0][1]}:23457"
+    for i, t in enumerate(st["tasks"]):
+        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
+        assert [env.get(k) for k in task_env.KERAS_VARIABLES] == ["jax", coordinator, "2", str(i)]
+        assert "TF_CONFIG" not in env and "TF_USE_LEGACY_KERAS" not in env and env["MGPU_TASK_INDEX"] == str(i)
 
 
 def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):

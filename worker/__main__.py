@@ -6,7 +6,14 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
+
+def on_jax() -> bool:
+    """Keras 3 on JAX (worker.keras3) where KERAS_BACKEND says so, else TensorFlow with tf_keras."""
+    return os.environ.get("KERAS_BACKEND") == "jax"
+
+
+if not on_jax():
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
 
 from worker.protocol import EXIT_PREEMPTED
 from worker.runner import (DEFAULT_BATCH_SIZE_PER_REPLICA, DEFAULT_EPOCHS,
@@ -22,6 +29,8 @@ environment:
   MGPU_PROGRESS_INTERVAL  seconds between progress.json writes on batches (default 1)
   MGPU_TF_DATA_AUTOTUNE=1 tf.data autotune back on (benchmarks; fit may end seconds late)
   TF_FORCE_GPU_ALLOW_GROWTH  set to true unless set already or TF_GPU_ALLOCATOR is set
+  KERAS_BACKEND=jax  Keras 3 on JAX instead (DataParallel over every device of every task), with
+                     KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES, _PROCESS_ID (keras.distribution)
 
 SIGTERM: every worker finishes the step, all save a checkpoint at the same step, and the
 process exits %d (preempted). Exit codes: 0 done, 2 a problem you can fix, 1 anything else.
@@ -98,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,
         collective=args.collective, local_replicas=args.local_replicas)
+    train = run
+    if on_jax():
+        from worker.keras3.runner import run as train
     try:
-        run(config)
+        train(config)
     except (WorkerError, ImportError) as exc:
         print(f"worker: error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -109,4 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if on_jax():
+        from worker.keras3.group import exit_code_alone
+
+        sys.exit(exit_code_alone(main))
     sys.exit(main())

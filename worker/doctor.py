@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.metadata
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -20,23 +18,14 @@ import time
 from importlib.machinery import PathFinder
 
 from worker.devices import gpu_indices, interface_for, task_devices
+from worker.host.env import Backend
+from worker.packages import missing_problem, versions
 from worker.mesh import mesh
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import Ports
 
 IMPORT_TIMEOUT_S = 45.0  # below the launcher's wait for the whole report
 OUTPUT_MAX = 8192  # bytes of the import's output kept (its last ones)
-
-
-def version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict:
-    return {"python": platform.python_version(), "tensorflow": version("tensorflow"), "tf-keras": version("tf-keras")}
 
 
 def find_module(name: str, path: list[str]):
@@ -194,12 +183,13 @@ def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str]) -> di
 
 
 def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, env: dict[str, str] | None = None,
-               search: list[str] | None = None, also=lambda report: None) -> dict:
+               search: list[str] | None = None, also=lambda report: None,
+               backend: Backend = Backend.TENSORFLOW) -> dict:
     """check_tasks, and with `env` (`check`) the entrypoint imported in each task folder meanwhile (in place of
     the static look for it); `also(report)` runs while the imports do (the cluster check)."""
     imports = start_imports(tasks, entrypoint, env) if env is not None and entrypoint else {}
     try:
-        report = check_tasks(tasks, None if imports else entrypoint, program, search)
+        report = check_tasks(tasks, None if imports else entrypoint, program, search, backend)
         also(report)
         here = os.getcwd()
         problems = {cwd: check.problem() for cwd, check in imports.items()}
@@ -213,9 +203,11 @@ def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, e
 
 
 def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str | None = None,
-                search: list[str] | None = None) -> dict:
+                search: list[str] | None = None, backend: Backend = Backend.TENSORFLOW) -> dict:
     """Every task's problems; what depends only on the host (and folder) is looked at once."""
     here = os.getcwd()
+    found = versions(backend)
+    lacking = missing_problem(backend, found)  # host-wide: said for each of its tasks
     ports = Ports()
     cache: dict[tuple, str | None] = {}
     gpus: list = []  # [indices], filled at the first task that names GPUs
@@ -233,6 +225,7 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
         if entry["no_workdir"]:
             continue
         problems = entry["problems"]
+        problems.append(lacking)
         holder = entry["holder"] = ports.holder(t["port"])
         if holder:
             who = f"pid {holder['pid']} ({holder['name']}: {holder['cmdline']})" if holder["pid"] else holder["cmdline"]
@@ -261,7 +254,7 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
             path = os.path.join(cwd, os.path.expanduser(p))
             problems.append(once(("writable", path), writable_problem, path))
         entry["problems"] = [p for p in problems if p]
-    return {"hostname": socket.gethostname(), "python": sys.executable, "versions": versions(), "tasks": results}
+    return {"hostname": socket.gethostname(), "python": sys.executable, "versions": found, "tasks": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                         '"local_replicas"?, "address"?}')
     parser.add_argument("--entrypoint")
     parser.add_argument("--program")
+    parser.add_argument("--backend", type=Backend, choices=list(Backend), default=Backend.TENSORFLOW,
+                        help="[training] backend: on jax, jax and keras >= 3 must be installed")
     parser.add_argument("--mesh", type=json.loads, metavar="PEERS", help="cluster check: every task's "
                         "[index, address, port, group], as JSON; this host's tasks listen on their ports and "
                         "the host connects to every other task's port, as TensorFlow will")
@@ -293,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)
 
     # sys.path as given: our entries run with nothing put before it (worker.host.spawn)
-    report = check_host(args.task, args.entrypoint, args.program, env, sys.path, cluster_check)
+    report = check_host(args.task, args.entrypoint, args.program, env, sys.path, cluster_check, args.backend)
     print(json.dumps(report), flush=True)
     if args.hold and _line(args.hold) == b"go":
         from worker.task import supervised as supervisor

@@ -2,7 +2,7 @@
 
 `ProgressWriter` is plain Python (the launcher's side may read the file with
 `read_progress`); `ProgressCallback` is the Keras callback that feeds it, created on first
-use so that importing this module does not import TensorFlow.
+use so that importing this module does not import TensorFlow (`callback_class(keras)`: the same on Keras 3).
 """
 
 from __future__ import annotations
@@ -157,10 +157,13 @@ def _say(line: str) -> None:
     print(line, file=sys.stdout, flush=True)
 
 
-def _make_callback_class():
-    from worker.strategy import import_keras
+def callback_class(keras=None):
+    """A new ProgressCallback class on `keras`'s Callback: tf_keras by default (`ProgressCallback`, made once),
+    Keras 3 for the jax runner."""
+    if keras is None:
+        from worker.strategy import import_keras
 
-    keras = import_keras()
+        keras = import_keras()
 
     class ProgressCallback(keras.callbacks.Callback):
         """Keras callback: progress.json (throttled on batches, always on epochs) + epoch lines.
@@ -327,7 +330,7 @@ def _make_callback_class():
 
 def __getattr__(name: str):
     if name == "ProgressCallback":
-        cls = _make_callback_class()
+        cls = callback_class()
         globals()["ProgressCallback"] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -63,6 +63,16 @@ def default_dirs(run_dir: str | None) -> tuple[str, str]:
     return base, layout.checkpoint_dir(base)
 
 
+def folders(config: RunConfig, run_dir: str | None) -> tuple[str, str]:
+    """(model_dir, checkpoint_dir): the config's, else the defaults; a checkpoint to resume from (--resume-from)
+    is adopted into the checkpoint folder first."""
+    model_dir, checkpoint_dir = default_dirs(run_dir)
+    model_dir, checkpoint_dir = config.model_dir or model_dir, config.checkpoint_dir or checkpoint_dir
+    if config.resume_from:
+        _say(adopt_checkpoint(config.resume_from, checkpoint_dir))
+    return model_dir, checkpoint_dir
+
+
 def adopt_checkpoint(source: str, target: str) -> str:
     """An earlier run's checkpoint (`source`) made this run's own (`target`): its files linked (copied where
     links cannot be made), so that each run keeps its own and the earlier one stays as it was. A target that
@@ -146,11 +156,7 @@ def run(config: RunConfig) -> dict:
     task = load_entrypoint(config.entrypoint, entrypoint)
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs, per_replica, base_lr = settings(config, task)
-    model_dir, checkpoint_dir = default_dirs(run_dir)
-    model_dir = config.model_dir or model_dir
-    checkpoint_dir = config.checkpoint_dir or checkpoint_dir
-    if config.resume_from:
-        _say(adopt_checkpoint(config.resume_from, checkpoint_dir))
+    model_dir, checkpoint_dir = folders(config, run_dir)
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
     writer.update(force=True, epochs=epochs, replicas=replicas)

@@ -14,14 +14,15 @@ WINDOW_S = 0.5  # how long a line waits for the same line from other tasks
 HELD_MAX = 2000  # lines held at most: beyond, the oldest is shown at once (a flood is never held up)
 JOIN_BACK = 32  # how far back a line may join the same line of other tasks, moving its own lines before it
 
-# TensorFlow's C++ start-up chatter: kept in worker.log, hidden on screen unless --verbose.
+# The C++ start-up chatter of TensorFlow and of JAX's gloo: kept in worker.log, hidden on screen unless --verbose.
 NOISE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+\.(cc|h):\d+\]"  # 2024-01-01 12:00:00.1: I tensorflow/x.cc:12]
     r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+\.(cc|h):\d+\]"  # absl: I0000 00:00:1795403425.1  8501 x.cc:52]
     r"|E\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ cuda\S*\.cc:\d+\] failed call to cuInit"  # CPU-only: not an error
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|To enable the following instructions: .* rebuild TensorFlow"
-    r"|This TensorFlow binary is optimized to use available CPU instructions)"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|\[Gloo\] Rank )"  # gloo's threads may write into one another's line: "[Gloo] Rank [Gloo] Rank 0 is ..."
 )
 # A collective that TensorFlow aborted: its C++ log line, or the Python error it ends in.
 ABORT = re.compile(r"\] (Aborting \w+ with|BaseCollectiveExecutor::StartAbort)|Collective ops is aborted by")

@@ -23,10 +23,12 @@ def load(test_fraction: float = 0.2, seed: int = 0):
     return (x_train, y_train), (x_test, y_test)
 
 
-def build_model():
-    from worker.strategy import import_keras
+def build_model(keras=None):
+    """The small CNN; `keras`: the Keras to build it with (tf_keras by default; Keras 3 for the JAX twin)."""
+    if keras is None:
+        from worker.strategy import import_keras
 
-    keras = import_keras()
+        keras = import_keras()
     layers = keras.layers
     return keras.Sequential([
         keras.Input(shape=(8, 8, 1)),

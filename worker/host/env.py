@@ -1,4 +1,5 @@
-"""The one builder of a task's environment and TF_CONFIG, for every engine (pure; standard library).
+"""The one builder of a task's environment, TF_CONFIG or Keras' distribution variables, for every engine
+(pure; standard library).
 
 The launcher builds it for supervised tasks (launcher.plan); a Slurm task or a Kubernetes pod
 builds it on its node when it starts, from what the scheduler tells it, with the same functions.
@@ -6,7 +7,20 @@ builds it on its node when it starts, from what the scheduler tells it, with the
 
 from __future__ import annotations
 
+import enum
 import json
+
+XLA_CPU_DEVICES = "--xla_force_host_platform_device_count"  # XLA's logical devices on the CPU platform
+
+
+class Backend(str, enum.Enum):
+    """What trains: TensorFlow (MultiWorkerMirroredStrategy with tf-keras) or Keras 3 on JAX (keras.distribution)."""
+
+    TENSORFLOW = "tensorflow"
+    JAX = "jax"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def endpoint(address: str, port: int) -> str:
@@ -14,25 +28,45 @@ def endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"
 
 
-def tf_config(workers: list[str], rank: int) -> dict:
-    """TF_CONFIG of the task of `rank` among `workers` (host:port, in rank order); rank 0 is the chief."""
+def _check_rank(workers: list[str], rank: int) -> None:
     if not 0 <= rank < len(workers):
         raise ValueError(f"rank {rank} is not one of the cluster's {len(workers)} task(s)")
+
+
+def tf_config(workers: list[str], rank: int) -> dict:
+    """TF_CONFIG of the task of `rank` among `workers` (host:port, in rank order); rank 0 is the chief."""
+    _check_rank(workers, rank)
     return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": rank}}
 
 
+NUM_PROCESSES, PROCESS_ID = "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"
+KERAS_VARIABLES = ("KERAS_BACKEND", "KERAS_DISTRIBUTION_JOB_ADDRESSES", NUM_PROCESSES, PROCESS_ID)
+
+
+def keras_distribution(workers: list[str], rank: int) -> dict[str, str]:
+    """KERAS_VARIABLES on JAX, what `keras.distribution.initialize()` reads: the coordinator (rank 0's
+    host:port), the number of processes and this one's id."""
+    _check_rank(workers, rank)
+    return dict(zip(KERAS_VARIABLES, ("jax", workers[0], str(len(workers)), str(rank))))
+
+
 def task_environment(common: dict[str, str], workers: list[str], rank: int, run_id: str, run_dir: str,
-                     index: int | None = None) -> dict[str, str]:
-    """Every variable a task gets (the README's environment contract). `common` (the engine's own and
+                     index: int | None = None, *, backend: Backend = Backend.TENSORFLOW,
+                     cpu_devices: int | None = None) -> dict[str, str]:
+    """Every variable a task gets (docs/worker.md's environment contract). `common` (the engine's own and
     the spec's env) comes last, so a user's value wins; `index` is the task's own number when it is not
-    its rank (an elastic run that goes on with fewer hosts)."""
-    env = {
-        "TF_CONFIG": json.dumps(tf_config(workers, rank)),
-        "MGPU_RUN_ID": run_id,
-        "MGPU_TASK_INDEX": str(rank if index is None else index),
-        "MGPU_NUM_WORKERS": str(len(workers)),
-        "MGPU_RUN_DIR": run_dir,
-        "TF_USE_LEGACY_KERAS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    its rank (an elastic run that goes on with fewer hosts). On JAX, `cpu_devices` (local_replicas on a
+    task without GPUs) is XLA's device count on the CPU, before the flags of a user's XLA_FLAGS (the
+    last of a flag wins)."""
+    run = {"MGPU_RUN_ID": run_id, "MGPU_TASK_INDEX": str(rank if index is None else index),
+           "MGPU_NUM_WORKERS": str(len(workers)), "MGPU_RUN_DIR": run_dir}
+    if Backend(backend) is not Backend.JAX:
+        env = {"TF_CONFIG": json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
+               "PYTHONUNBUFFERED": "1"}
+        return {**env, **common}
+    env = {**keras_distribution(workers, rank), **run, "PYTHONUNBUFFERED": "1"}
+    if cpu_devices:
+        flags = " ".join(f for f in (f"{XLA_CPU_DEVICES}={cpu_devices}", common.get("XLA_FLAGS", "").strip()) if f)
+        env["XLA_FLAGS"] = flags
+        common = {**common, "XLA_FLAGS": flags}
     return {**env, **common}

@@ -1,10 +1,11 @@
 """The on-host entry of Kubernetes pods (a JobSet rendered by `mgpu-cluster render`); no TensorFlow here.
 
     python -m worker.task.pod --run-id ID --run-dir RUN --hosts PATTERN --workers N --port P [--grace S]
-                              [--preempt-grace S] -- PROGRAM ARGS...
+                              [--preempt-grace S] [--backend jax [--cpu-devices N]] -- PROGRAM ARGS...
 
 Its rank is Kubernetes' JOB_COMPLETION_INDEX; the cluster's workers are PATTERN.format(i=0..N-1) (the
-JobSet's stable host names) at port P; the one builder (worker.host.env) makes TF_CONFIG. The task
+JobSet's stable host names) at port P; the one builder (worker.host.env) makes TF_CONFIG (on JAX, Keras'
+distribution variables, and XLA_FLAGS with N devices on the CPU). The task
 core runs PROGRAM with its records in its task folder's events file (worker.host.layout). SIGTERM (a node drain,
 a spot reclaim, a JobSet restart) is a notice: the group saves at one agreed step and exits 75.
 """
@@ -19,8 +20,10 @@ from pathlib import Path
 from worker.task.channel import FileChannel
 from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
 from worker.host import layout
-from worker.host.env import endpoint, task_environment
+from worker.host.env import Backend, endpoint, task_environment
 from worker.task.signals import Signals
+
+POD_OWN = ("TF_CONFIG", "MGPU_TASK_INDEX", "KERAS_DISTRIBUTION_PROCESS_ID", "XLA_FLAGS")  # the pod's value wins
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--grace", type=float, default=GRACE_S)
     parser.add_argument("--preempt-grace", type=float, default=None)
+    parser.add_argument("--backend", type=Backend, default=Backend.TENSORFLOW, choices=list(Backend))
+    parser.add_argument("--cpu-devices", type=int, default=None, help="on JAX: XLA's devices on the CPU")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -52,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         pass  # the core reports what it cannot write
     attempt = len(layout.attempts(task_dir))  # a JobSet restart starts the pod afresh
     workers = [endpoint(args.hosts.format(i=i), args.port) for i in range(args.workers)]
-    own = task_environment({}, workers, rank, args.run_id, str(task_dir))
+    xla = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else {}  # the builder adds to it
+    own = task_environment(xla, workers, rank, args.run_id, str(task_dir), backend=args.backend,
+                           cpu_devices=args.cpu_devices)
     # the container's env (the spec's, as rendered) stands, as on every engine, but for what only the pod knows
-    env = {k: v if k in ("TF_CONFIG", "MGPU_TASK_INDEX") else os.environ.get(k, v) for k, v in own.items()}
+    env = {k: v if k in POD_OWN else os.environ.get(k, v) for k, v in own.items()}
     setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=env, port=args.port,
                       grace=args.grace, preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       host=args.hosts.format(i=rank).split(".")[0], report_port=args.port, echo=True)

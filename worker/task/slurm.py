@@ -3,11 +3,12 @@
     python -m worker.task.slurm --run-dir RUN --attempt N [--port P] [--grace S] [--preempt-grace S]
                                 [--lifeline S] -- PROGRAM ARGS...
 
-It builds the task's environment from the step (TF_CONFIG from the step's nodes in Slurm's order at
-their NodeAddr, rank from SLURM_PROCID, the run's id and the launcher's part from the run folder,
-layout.ENV) with the one builder (worker.host.env), and runs PROGRAM under the task core, whose records
-go to the task's events file of the attempt (worker.host.layout) for the launcher to follow (attempt =
-N + SLURM_RESTART_COUNT: a requeued job's run is the next attempt). TERM or USR1 is a notice (USR1:
+It builds the task's environment from the step (TF_CONFIG, or on JAX Keras' variables, from the step's
+nodes in Slurm's order at their NodeAddr, rank from SLURM_PROCID, the run's id, backend and the
+launcher's part from the run folder, layout.ENV) with the one builder (worker.host.env), and runs
+PROGRAM under the task core, whose records go to the task's events file of the attempt
+(worker.host.layout) for the launcher to follow (attempt = N + SLURM_RESTART_COUNT: a requeued job's
+run is the next attempt). TERM or USR1 is a notice (USR1:
 Slurm's signal before the time limit), unless a peer of this attempt already failed (then Slurm is
 ending the step); INT or HUP stop it. With --lifeline S the task stops when the launcher's lifeline
 (layout.ALIVE in the run folder) is older than S seconds: its launcher is gone.
@@ -159,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         nodes, addresses, rank, job_id = step_cluster(environ)
         port = args.port or default_port(job_id)
         task_env = env.task_environment(dict(given["env"]), workers(nodes, addresses, port), rank,
-                                        str(given["run_id"]), str(task_dir))
+                                        str(given["run_id"]), str(task_dir),
+                                        backend=env.Backend(given.get("backend", env.Backend.TENSORFLOW)),
+                                        cpu_devices=given.get("cpu_devices"))
     except (SetupError, OSError, ValueError, KeyError, TypeError) as exc:
         problem = f"cannot set up task {rank} on {node or '?'}: {exc}"
     setup = TaskSetup(run_dir=task_dir, attempt=attempt, argv=program, env=task_env, port=port or None,

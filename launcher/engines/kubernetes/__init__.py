@@ -8,12 +8,13 @@ import shlex
 from typing import Callable
 
 from launcher.engines.base import Engine, EngineKind
-from launcher.engines.kubernetes.render import RUN_LABEL, manifest, pod_command, run_folder, to_yaml
+from launcher.engines.kubernetes.render import RUN_LABEL, host_pattern, manifest, pod_command, run_folder, to_yaml
 from launcher.engines.kubernetes.validate import validate
 from launcher.plan import TaskPlan, worker_argv
 from launcher.spec import Host
 from launcher.speck8s import pod_host
 from worker.host import layout
+from worker.host.env import Backend, endpoint, keras_distribution
 
 NOT_HERE = "a [kubernetes] run is applied with kubectl, not started by mgpu-cluster"
 
@@ -38,6 +39,11 @@ class KubernetesEngine(Engine):
     def dry_run(self, say: Callable[[str], None]) -> None:
         say("# apply with: mgpu-cluster render SPEC -o jobset.yaml && kubectl apply -f jobset.yaml")
         say(f"# each pod runs: {shlex.join(pod_command(self.spec))}")
+        if self.spec.training.backend is Backend.JAX:
+            k8s = self.spec.kubernetes
+            hosts = [endpoint(host_pattern(self.spec).format(i=i), k8s.port) for i in range(k8s.workers)]
+            found = {**keras_distribution(hosts, 0), "KERAS_DISTRIBUTION_PROCESS_ID": "<JOB_COMPLETION_INDEX>"}
+            say(f"# each pod's Keras variables, built by its entry: {' '.join(f'{k}={v}' for k, v in found.items())}")
         say(render(self.spec, masked=True))
 
     def not_started_here(self, spec_path: str = "SPEC") -> str:

@@ -1,17 +1,18 @@
 """The JobSet a [kubernetes] spec renders to (jobset.x-k8s.io/v1alpha2): one replicated job of
 `workers` pods, each running the task core's pod entry (`python -m worker.task.pod`), which builds
-TF_CONFIG from Kubernetes' JOB_COMPLETION_INDEX and the JobSet's stable host names. Pure and
-deterministic: no time or random value in it, so the same spec renders the same file."""
+TF_CONFIG (or Keras' variables) from Kubernetes' JOB_COMPLETION_INDEX and the JobSet's stable host
+names. Pure and deterministic: no time or random value in it, so the same spec renders the same file."""
 
 from __future__ import annotations
 
 import json
 import math
 
-from launcher.plan import mask_env, worker_argv
+from launcher.plan import cpu_devices, mask_env, worker_argv
 from launcher.spec import ClusterSpec
 from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, Toleration, pod_host
 from worker.host import layout
+from worker.host.env import Backend
 from worker.protocol import EXIT_PREEMPTED
 from worker.host.spawn import module_argv
 
@@ -33,8 +34,17 @@ def pod_command(spec: ClusterSpec) -> list[str]:
     k8s, launch = spec.kubernetes, spec.launch
     return [*module_argv(k8s.python, "worker.task.pod"), "--run-id", k8s.jobset, "--run-dir", run_folder(spec),
             "--hosts", host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
-            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", "--",
-            *worker_argv(spec, k8s.python)]
+            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", *backend_args(spec),
+            "--", *worker_argv(spec, k8s.python)]
+
+
+def backend_args(spec: ClusterSpec) -> list[str]:
+    """What the pod entry's builder needs besides the cluster on JAX: the backend, the CPU's devices (none on
+    TensorFlow: its pods' command stays as it was)."""
+    if spec.training.backend is not Backend.JAX:
+        return []
+    devices = cpu_devices(spec, bool(spec.kubernetes.gpus_per_worker))
+    return ["--backend", spec.training.backend.value, *(["--cpu-devices", str(devices)] if devices else [])]
 
 
 def pod_env(spec: ClusterSpec) -> dict[str, str]:

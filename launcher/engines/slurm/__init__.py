@@ -23,7 +23,7 @@ from launcher.engines.slurm.commands import slurm
 from launcher.engines.slurm.follow import Follower
 from launcher.engines.slurm.kind import JobKind
 from launcher.engines.slurm.lifeline import Lifeline
-from launcher.engines.slurm.plan import Mode, common_env, mode_here, plan_slurm, run_folder
+from launcher.engines.slurm.plan import Mode, given, mode_here, plan_slurm, run_folder
 from launcher.engines.slurm.script import show_environment
 from launcher.engines.slurm.step import AllocationStep
 from launcher.plan import TaskPlan
@@ -82,7 +82,7 @@ class SlurmEngine(Engine, Launching, Inspecting):
     def _prepare(self) -> str | None:
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(self.root / layout.ENV, json.dumps({"run_id": self.run_id, "env": common_env(self.spec)}))
+            write_private(self.root / layout.ENV, json.dumps(given(self.spec, self.run_id)))
         except OSError as exc:
             return f"cannot write the run's folder {self.root}: {exc.strerror or exc}"
         if self.lifeline is None:

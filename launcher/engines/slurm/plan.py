@@ -8,7 +8,7 @@ import enum
 import os
 from pathlib import Path
 
-from launcher.plan import TaskPlan, worker_argv
+from launcher.plan import TaskPlan, cpu_devices, worker_argv
 from launcher.spec import ClusterSpec, Host
 from worker.host import layout
 from worker.host.env import task_environment
@@ -47,11 +47,18 @@ def job_name(run_id: str) -> str:
 
 
 def common_env(spec: ClusterSpec) -> dict[str, str]:
-    """What the launcher gives every task (layout.ENV, with the run's id): CUDA_VISIBLE_DEVICES and the
-    spec's env. Each task builds the rest on its node, with TF_CONFIG, by the one builder (worker.host.env)."""
+    """What the launcher gives every task (in layout.ENV): CUDA_VISIBLE_DEVICES and the spec's env. Each task
+    builds the rest on its node, with TF_CONFIG or Keras' variables, by the one builder (worker.host.env)."""
     cfg = spec.slurm
     env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.gpus_per_node == 0 else {}
     return {**env, **(cfg.env or {})}
+
+
+def given(spec: ClusterSpec, run_id: str) -> dict:
+    """What the launcher gives every task's builder on its node (written to layout.ENV): the run's id, the
+    common env, the backend and, on JAX, the logical CPU devices (local_replicas on nodes without GPUs)."""
+    return {"run_id": run_id, "env": common_env(spec), "backend": spec.training.backend.value,
+            "cpu_devices": cpu_devices(spec, bool(spec.slurm.gpus_per_node))}
 
 
 def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
@@ -67,7 +74,8 @@ def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
 def described_environment(spec: ClusterSpec, run_id: str, rank: int = 0) -> dict[str, str]:
     """The environment the one builder gives task `rank` on its node, for a cluster described by
     placeholders (the step's nodes in Slurm's order, each at its address: known once the job runs)."""
-    cfg = spec.slurm
+    cfg, ours = spec.slurm, given(spec, run_id)
     port = cfg.port or "<port>"
     workers = [f"<node {j}>:{port}" for j in range(cfg.nodes)]
-    return task_environment(common_env(spec), workers, rank, run_id, layout.task_dir(run_folder(spec, run_id), rank))
+    return task_environment(ours["env"], workers, rank, run_id, layout.task_dir(run_folder(spec, run_id), rank),
+                            backend=spec.training.backend, cpu_devices=ours["cpu_devices"])

@@ -13,6 +13,7 @@ from launcher.engines.slurm.plan import JOB_OUT, described_environment, job_name
 from launcher.plan import mask_env, worker_argv
 from launcher.spec import ClusterSpec
 from worker.host import layout
+from worker.host.env import Backend
 from worker.host.spawn import module_argv
 
 SAFE = re.compile(r"^[\w./@%:=+,-]+$")
@@ -98,5 +99,10 @@ def show_environment(spec: ClusterSpec, run_id: str, say: Callable[[str], None])
         "the step's nodes <node 0>..<node N-1>:")
     for k, v in mask_env(described_environment(spec, run_id)).items():
         say(f"#   {k}={v if len(v) <= SHOWN_CHARS else v[:SHOWN_CHARS] + f'... ({len(v)} characters)'}")
+    port = spec.slurm.port or "from the job id (20000 + job id % 10000)"
+    if spec.training.backend is Backend.JAX:
+        say("# KERAS_DISTRIBUTION_JOB_ADDRESSES of every task: the step's first node in Slurm's order (scontrol show "
+            f"hostnames), at its NodeAddr, port {port}; KERAS_DISTRIBUTION_PROCESS_ID = SLURM_PROCID")
+        return
     say("# TF_CONFIG of task i: the step's nodes in Slurm's order (scontrol show hostnames), each at its NodeAddr, "
-        f"port {spec.slurm.port or 'from the job id (20000 + job id % 10000)'}; index = SLURM_PROCID")
+        f"port {port}; index = SLURM_PROCID")

@@ -1,6 +1,7 @@
 """Preflight: every host and port checked before anything starts. Per host: connect, sync, then ONE
 worker.doctor command for all its tasks (with the cluster check folded in); local tasks on this
-interpreter are checked in this process. Then Python, TensorFlow and tf-keras must match everywhere."""
+interpreter are checked in this process. Then Python and the backend's packages (TensorFlow and tf-keras,
+or jax and keras) must match everywhere."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from launcher.spec import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
 from launcher.engines.supervised.sync import run_sync
 from launcher.engines.supervised.transport import LocalTransport, Transport, env_line
+from worker.host.env import Backend
 from worker.host.spawn import module_argv
+from worker.packages import PACKAGES
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
@@ -88,6 +91,7 @@ def doctor_argv(spec: ClusterSpec, group: list[TaskPlan], shared_cwd: bool) -> l
     t = spec.training
     argv = module_argv(group[0].python, "worker.doctor")
     argv += ["--entrypoint", t.entrypoint] if t.entrypoint else ["--program", t.command[0]]
+    argv += ["--backend", t.backend.value] if t.backend is not Backend.TENSORFLOW else []
     for p in group:
         argv += ["--task", json.dumps(task_doc(spec, p, cwd=not shared_cwd), separators=(",", ":"))]
     return argv
@@ -126,7 +130,8 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
 
         docs = [task_doc(spec, p, cwd=True) for p in group]
         return doctor.check_host(docs, spec.training.entrypoint, None if spec.training.entrypoint
-                                 else spec.training.command[0], env=group[0].env if imports else None)
+                                 else spec.training.command[0], env=group[0].env if imports else None,
+                                 backend=spec.training.backend)
     shared_cwd = len({p.cwd for p in group}) == 1
     argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
     timeout = DOCTOR_TIMEOUT_S + (4 * mesh_seconds(spec) if mesh else 0)
@@ -144,9 +149,10 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
     return json.loads(out.strip().splitlines()[-1])
 
 
-def version_problems(checks: list[TaskCheck]) -> None:
-    """Python, TensorFlow and tf-keras must match on every host: add a problem where they don't."""
-    for key in ("python", "tensorflow", "tf-keras"):
+def version_problems(checks: list[TaskCheck], backend: Backend = Backend.TENSORFLOW) -> None:
+    """Python and the backend's packages (TensorFlow and tf-keras, or jax, jaxlib and keras) must match on every
+    host: add a problem where they don't."""
+    for key in ("python", *PACKAGES[backend]):
         seen = {}
         for c in checks:
             if c.versions:
@@ -242,7 +248,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
             c.versions = report["versions"]
             if report.get("mesh"):
                 meshes[p.index] = report["mesh"].get(str(p.index), {})
-    version_problems(checks)
+    version_problems(checks, spec.training.backend)
     devices.apply(checks, entries, say)  # equal device counts; loopback warnings; NCCL_SOCKET_IFNAME
     if with_mesh and all(c.ok for c in checks):  # else a peer's own failure would show here twice
         for c in checks:

@@ -1,0 +1,69 @@
+"""Checkpoints under Keras 3: the chief's BackupAndRestore at each epoch end, which every process restores from
+(all must find the same epoch), and the notice (SIGTERM), taken at the first epoch end after it: every process
+learns of it there (one small collective per epoch), and all stop with the chief's backup of that epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from worker.checkpoints import Preempted, notice
+from worker.entrypoint import WorkerError
+from worker.keras3.group import Group, alone
+
+BACKUP = "keras3"  # the backup's folder in the checkpoint folder (tf_keras keeps its own in "chief")
+
+
+def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,
+                         on_notice: Callable[[], None]) -> list:
+    """[backup, stopper]: the first and the last callback of `fit`."""
+
+    class Backup(keras.callbacks.BackupAndRestore):
+        def __init__(self):
+            super().__init__(backup_dir=os.path.join(checkpoint_dir, BACKUP), delete_checkpoint=group.chief)
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)  # every process reads the chief's backup
+            epoch = self.model._initial_epoch or 0
+            seen = group.gather(epoch)
+            if len(set(seen)) > 1:
+                raise WorkerError(f"the tasks found backups of different epochs to resume from ({seen}, in task "
+                                  f"order; checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on storage "
+                                  "that every host shares, or delete the backup to start over")
+
+        def _save_model(self):
+            """The chief alone writes (the weights are the same on every process), each file whole: a kill in
+            the middle leaves the last backup as it was."""
+            if not group.chief:
+                return
+            os.makedirs(self.backup_dir, exist_ok=True)
+            weights = f"{self._weights_path}.partial.weights.h5"  # Keras wants the suffix
+            with alone(keras):
+                self.model.save_weights(filepath=weights, overwrite=True)
+            metadata = f"{self._training_metadata_path}.partial"
+            with open(metadata, "w", encoding="utf-8") as f:
+                json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen}, f)
+            # weights first: a kill between the two renames resumes this epoch's weights one epoch early,
+            # never an epoch later than its weights
+            os.replace(weights, self._weights_path)
+            os.replace(metadata, self._training_metadata_path)
+
+    class Stopper(keras.callbacks.Callback):
+        said = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if notice.is_set() and not self.said:
+                self.said = True
+                on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
+                print("notice (SIGTERM): stopping with every task at the end of this epoch", flush=True)
+
+        def on_epoch_end(self, epoch, logs=None):
+            noticed = group.gather(int(notice.is_set()))  # after the chief's backup of this epoch
+            if any(noticed) and epoch + 1 < epochs:
+                if not self.said:
+                    on_notice()
+                raise Preempted(f"saved a checkpoint at the end of epoch {epoch + 1} on notice to task(s) "
+                                f"{[i for i, flag in enumerate(noticed) if flag]}")
+
+    return [Backup(), Stopper()]

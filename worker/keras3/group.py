@@ -1,0 +1,112 @@
+"""The task's place in its group under Keras 3 on JAX: the CPU split into devices (before JAX is imported), the
+group joined (`keras.distribution.initialize`), DataParallel over every device, and small values gathered."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, MutableMapping
+
+from worker.errors import SettingError, WorkerError
+from worker.host.env import NUM_PROCESSES, PROCESS_ID
+from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
+from worker.protocol import EXIT_PREEMPTED
+
+
+def split_host(local_replicas: int | None, environ: MutableMapping[str, str] = os.environ) -> None:
+    """N > 1 local replicas: XLA's host platform as N devices, unless XLA_FLAGS names a count already (the task's
+    environment does). Only before JAX is imported; with GPUs it changes nothing (JAX trains on them)."""
+    flags = environ.get("XLA_FLAGS", "")
+    if local_replicas and local_replicas > 1 and HOST_DEVICES_FLAG not in flags:
+        environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={local_replicas}".strip()
+
+
+def _whole(name: str, default: int, environ: MutableMapping[str, str]) -> int:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit():
+        raise SettingError(f"{name} is {text!r}, not a whole number: set it as keras.distribution.initialize "
+                           "reads it, or unset it to train in one process")
+    return int(text)
+
+
+def task_index(environ: MutableMapping[str, str] = os.environ) -> int:
+    """MGPU_TASK_INDEX where the launcher set it, else KERAS_DISTRIBUTION_PROCESS_ID, else 0."""
+    return _whole("MGPU_TASK_INDEX", _whole(PROCESS_ID, 0, environ), environ)
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process among the group's: its index (0 is the chief), how many, and the devices."""
+
+    index: int
+    size: int
+    local_devices: int
+    devices: int  # over every process: the replicas in sync
+
+    @property
+    def chief(self) -> bool:
+        return self.index == 0
+
+    def gather(self, value: int) -> list[int]:
+        """Every process's `value`, in process order (a collective: every process must call it)."""
+        if self.size <= 1:
+            return [int(value)]
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return [int(v) for v in np.asarray(multihost_utils.process_allgather(np.int64(value))).reshape(-1)]
+
+
+def join(keras: Any, local_replicas: int | None) -> Group:
+    """Joins the group that KERAS_DISTRIBUTION_* describe (none, or one process: train alone) and sets a
+    DataParallel distribution over every device of every process."""
+    import jax
+
+    size = _whole(NUM_PROCESSES, 1, os.environ)
+    if size > 1:
+        # our own SIGTERM handler takes notices (worker.keras3.checkpoints); JAX's would replace it
+        jax.config.update("jax_enable_preemption_service", False)
+        keras.distribution.initialize()
+    local = jax.local_device_count()
+    if local_replicas and local != local_replicas:
+        raise WorkerError(f"--local-replicas {local_replicas}, but this task has {local} {jax.default_backend()} "
+                          f"device(s): with GPUs, make it the number of visible GPUs; on CPU, set XLA_FLAGS="
+                          f"{HOST_DEVICES_FLAG}={local_replicas} (or leave XLA_FLAGS to the runner)")
+    devices = keras.distribution.list_devices()
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
+    return Group(index=jax.process_index(), size=jax.process_count(), local_devices=local, devices=len(devices))
+
+
+@contextlib.contextmanager
+def alone(keras: Any):
+    """Inside, no distribution: what one process does alone (the chief's saves) creates no variable laid out over
+    every device, which JAX would check against the other processes (a collective they are not in)."""
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def exit_code_alone(main: Callable[[], int]) -> int:
+    """`main()`'s exit code; a process that fails (any other code than 0 or 75, or an exception) leaves at once.
+    JAX's exit waits at its shutdown barrier for every peer, and a peer blocked in a collective with this one
+    never comes: the task core would see this exit only when JAX's timeouts end the peers."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 (shown as Python would, then gone)
+        traceback.print_exc()
+        code = 1
+    if code not in (0, EXIT_PREEMPTED):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
