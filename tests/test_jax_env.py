@@ -46,7 +46,9 @@ def test_the_builder_gives_every_rank_kerass_variables_and_no_tf_config():
         env = task_environment({"A": "1"}, workers, rank, "r", f"/x/task-{rank}", backend=Backend.JAX)
         assert list(env.items()) == [*keras_of(workers, rank).items(), ("MGPU_RUN_ID", "r"),
                                      ("MGPU_TASK_INDEX", str(rank)), ("MGPU_NUM_WORKERS", "3"),
-                                     ("MGPU_RUN_DIR", f"/x/task-{rank}"), ("PYTHONUNBUFFERED", "1"), ("A", "1")]
+                                     ("MGPU_RUN_DIR", f"/x/task-{rank}"),
+                                     ("MGPU_HOST_ADDRESS", ["fd00::7", "10.0.0.2", "node3"][rank]),
+                                     ("PYTHONUNBUFFERED", "1"), ("A", "1")]
     # an elastic run that went on without host 0: its rank among those taking part, its own index
     env = task_environment({}, workers[1:], 1, "r", "/x/task-2", index=2, backend="jax")
     assert (env["KERAS_DISTRIBUTION_JOB_ADDRESSES"], env["KERAS_DISTRIBUTION_PROCESS_ID"], env["MGPU_TASK_INDEX"]) == (

@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, Cli, alive, command_lines_with, latest_state, reap, run_processes, status_json, wait_for, wait_gone
+from conftest import (IN_CI, REPO, Cli, alive, command_lines_with, latest_state, need, reap, run_processes, status_json,
+                      wait_for, wait_gone)
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -205,6 +206,32 @@ def test_digits_over_ssh_trains_with_identical_weights(cli, th, tmp_path):
     d = cli("down", timeout=120)
     assert d.returncode == 0, d.stdout + d.stderr
     print(f"\ndigits over SSH on 2 hosts: up {took:.1f} s, weights max abs diff {diff:g}")
+
+
+@needs_root
+def test_keras3_on_jax_over_ssh_trains_in_step(cli, th, tmp_path):
+    """backend = "jax" on two SSH hosts x 2 CPU devices: the coordinator is host 0's address and port."""
+    need("jax")
+    weights = tmp_path / "weights"
+    spec = write_spec(tmp_path, th.addresses[:2], {
+        "backend": "jax", "entrypoint": "worker.examples.digits_keras3:task", "local_replicas": 2,
+        "batch_size_per_replica": 16, "learning_rate": 0.001, "epochs": 5,
+        "args": ["--save-weights", f"{weights}/w-{{task}}.npz"]})
+    r = cli("up", spec, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("DataParallel (jax), 4 replica(s) in sync, global batch 64 (16/replica)") == 2, out
+    snap = status_json(cli)
+    assert [(t["host"], t["state"]) for t in snap["tasks"]] == [(th.addresses[0], "succeeded"),
+                                                               (th.addresses[1], "succeeded")]
+    for t in snap["tasks"]:
+        assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
+    import numpy as np
+
+    w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
+    assert w0.files and sorted(w0.files) == sorted(w1.files)
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0.files), "the hosts ended with different weights"
+    assert not wait_gone(tmp_path, 10)
 
 
 @needs_root

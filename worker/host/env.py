@@ -28,6 +28,12 @@ def endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"
 
 
+def address_of(end: str) -> str:
+    """The host of an endpoint() ('[v6]:port' or 'host:port')."""
+    host = end.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def _check_rank(workers: list[str], rank: int) -> None:
     if not 0 <= rank < len(workers):
         raise ValueError(f"rank {rank} is not one of the cluster's {len(workers)} task(s)")
@@ -40,6 +46,7 @@ def tf_config(workers: list[str], rank: int) -> dict:
 
 
 NUM_PROCESSES, PROCESS_ID = "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"
+HOST_ADDRESS = "MGPU_HOST_ADDRESS"  # on JAX: this task's address in the cluster, where its collectives listen
 KERAS_VARIABLES = ("KERAS_BACKEND", "KERAS_DISTRIBUTION_JOB_ADDRESSES", NUM_PROCESSES, PROCESS_ID)
 
 
@@ -64,7 +71,8 @@ def task_environment(common: dict[str, str], workers: list[str], rank: int, run_
         env = {"TF_CONFIG": json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
                "PYTHONUNBUFFERED": "1"}
         return {**env, **common}
-    env = {**keras_distribution(workers, rank), **run, "PYTHONUNBUFFERED": "1"}
+    # the task's own address: JAX's gloo binds where the host's name resolves unless told (127.0.x.1 on many hosts)
+    env = {**keras_distribution(workers, rank), **run, HOST_ADDRESS: address_of(workers[rank]), "PYTHONUNBUFFERED": "1"}
     if cpu_devices:
         flags = " ".join(f for f in (f"{XLA_CPU_DEVICES}={cpu_devices}", common.get("XLA_FLAGS", "").strip()) if f)
         env["XLA_FLAGS"] = flags

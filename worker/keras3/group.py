@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, MutableMapping
 
 from worker.errors import SettingError, WorkerError
-from worker.host.env import NUM_PROCESSES, PROCESS_ID
+from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID
 from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
 from worker.protocol import EXIT_PREEMPTED
 
@@ -71,6 +71,8 @@ def join(keras: Any, local_replicas: int | None) -> Group:
     if size > 1:
         # our own SIGTERM handler takes notices (worker.keras3.checkpoints); JAX's would replace it
         jax.config.update("jax_enable_preemption_service", False)
+        if os.environ.get(HOST_ADDRESS):
+            bind_gloo(os.environ[HOST_ADDRESS])
         keras.distribution.initialize()
     local = jax.local_device_count()
     if local_replicas and local != local_replicas:
@@ -80,6 +82,24 @@ def join(keras: Any, local_replicas: int | None) -> Group:
     devices = keras.distribution.list_devices()
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
     return Group(index=jax.process_index(), size=jax.process_count(), local_devices=local, devices=len(devices))
+
+
+def bind_gloo(address: str) -> None:
+    """JAX makes gloo's TCP collectives without a host name, so gloo listens where this host's name resolves: on
+    many hosts 127.0.0.1 or 127.0.1.1, which the peers cannot reach (Connection refused). Give it the task's own
+    address. jaxlib's function takes `hostname=`, but JAX does not pass it: a private API, checked so that a JAX
+    that moves it fails here, loudly, not in a peer's timeout."""
+    import functools
+
+    from jax._src import xla_bridge
+
+    make = getattr(getattr(xla_bridge, "_jax", None), "make_gloo_tcp_collectives", None)
+    if make is None or "hostname" not in (make.__doc__ or ""):
+        raise WorkerError("this JAX no longer builds gloo's collectives as mgpu-cluster expects "
+                          "(jax._src.xla_bridge._jax.make_gloo_tcp_collectives(hostname=)); pin jax to a version "
+                          "mgpu-cluster supports (0.10.x)")
+    if not isinstance(make, functools.partial):  # once per process
+        xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname=address)
 
 
 @contextlib.contextmanager
