@@ -69,7 +69,7 @@ def folders(config: RunConfig, run_dir: str | None) -> tuple[str, str]:
     model_dir, checkpoint_dir = default_dirs(run_dir)
     model_dir, checkpoint_dir = config.model_dir or model_dir, config.checkpoint_dir or checkpoint_dir
     if config.resume_from:
-        _say(adopt_checkpoint(config.resume_from, checkpoint_dir))
+        say(adopt_checkpoint(config.resume_from, checkpoint_dir))
     return model_dir, checkpoint_dir
 
 
@@ -124,7 +124,7 @@ def learning_rate_for(keras, base: float, replicas: int, scale: bool, warmup_ste
         power=1.0)
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     print(line, flush=True)
 
 
@@ -160,7 +160,7 @@ def run(config: RunConfig) -> dict:
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
     writer.update(force=True, epochs=epochs, replicas=replicas)
-    _say(f"task {task_id} of {info.num_workers} ({'chief' if info.is_chief else 'worker'}): "
+    say(f"task {task_id} of {info.num_workers} ({'chief' if info.is_chief else 'worker'}): "
          f"{type(strategy).__name__}, {replicas} replica(s) in sync, "
          f"global batch {global_batch} ({per_replica}/replica)")
 
@@ -185,20 +185,24 @@ def run(config: RunConfig) -> dict:
     history = _fit(model, dict(x=train, epochs=epochs, steps_per_epoch=steps, validation_data=val,
                                validation_steps=task.validation_steps, callbacks=callbacks, verbose=0),
                    progress)
+    done = finish(config, model, task_id, progress, started, lambda: save_model(model, model_dir, info.is_chief))
+    return {"history": history.history, **done, "steps_per_epoch": steps, "global_batch_size": global_batch,
+            "replicas": replicas, "task": task_id}
+
+
+def finish(config: RunConfig, model, task_id: int, progress, started: float, save) -> dict:
+    """After fit (either backend): how long fit took past its last epoch's end, the weights where --save-weights
+    says, the model by `save()` (the chief's path, or None), progress done; the summary's paths and tail."""
     returned = time.time()
     tail = returned - progress.last_epoch_end if progress.last_epoch_end else 0.0
-    _say(f"fit returned {tail:.2f}s after the last epoch end")
-
+    say(f"fit returned {tail:.2f}s after the last epoch end")
     weights_path = None
     if config.save_weights:
         weights_path = save_weights(model, config.save_weights.replace("{task}", str(task_id)))
-    model_path = save_model(model, model_dir, info.is_chief)
+    model_path = save()
     progress.mark_done()
-    _say(f"done: fit took {returned - started:.1f}s"
-         + (f"; model saved to {model_path}" if model_path else ""))
-    return {"history": history.history, "model_path": model_path, "weights_path": weights_path,
-            "fit_tail_s": tail, "steps_per_epoch": steps, "global_batch_size": global_batch,
-            "replicas": replicas, "task": task_id}
+    say(f"done: fit took {returned - started:.1f}s" + (f"; model saved to {model_path}" if model_path else ""))
+    return {"model_path": model_path, "weights_path": weights_path, "fit_tail_s": tail}
 
 
 def settings(config: RunConfig, task: Task) -> tuple[int, int, float]:
@@ -221,7 +225,7 @@ def _step_clock(tf, model):
     try:
         clock.install(model.optimizer)
     except ValueError as exc:  # an optimizer of the user's own: trains the same, without the split
-        _say(f"note: {exc}; training goes on without it")
+        say(f"note: {exc}; training goes on without it")
         return None
     return clock
 
@@ -250,11 +254,11 @@ def _fit(model, fit_args: dict, progress):
         history = model.fit(**fit_args)
     except Preempted as exc:
         progress.mark_preempted()
-        _say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']} step "
+        say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']} step "
              f"{progress.writer.fields['step']}), {time.time() - started:.1f}s in fit")
         raise
     if checkpoints.notice.is_set():
-        _say("notice (SIGTERM) after the last step: finishing")
+        say("notice (SIGTERM) after the last step: finishing")
     return history
 
 

@@ -21,12 +21,8 @@ from worker.keras3.data import feeds
 from worker.keras3.group import Group, alone, join, split_host, task_index
 from worker.progress import ProgressWriter, callback_class
 from worker.protocol import ProgressState
-from worker.runner import (RunConfig, build_optimizer, folders, learning_rate_for, save_model, save_weights,
+from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, save_model, say,
                            settings)
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def import_keras3() -> Any:
@@ -60,10 +56,10 @@ def tensorflow_hidden():
 def _not_here(config: RunConfig, every: int | None) -> None:
     """Says which TensorFlow-only settings this runner leaves out (they do not fail a run)."""
     if every:
-        _say(f"note: checkpoints every {every} steps are for the tensorflow backend; on jax a backup is "
+        say(f"note: checkpoints every {every} steps are for the tensorflow backend; on jax a backup is "
              "taken at each epoch end only")
     if config.collective != "auto":
-        _say(f"note: --collective {config.collective} is for the tensorflow backend; JAX chooses its own")
+        say(f"note: --collective {config.collective} is for the tensorflow backend; JAX chooses its own")
 
 
 def run(config: RunConfig) -> dict:
@@ -90,7 +86,7 @@ def run(config: RunConfig) -> dict:
     _not_here(config, first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None))
     global_batch = per_replica * group.devices
     writer.update(force=True, epochs=epochs, replicas=group.devices)
-    _say(f"task {group.index} of {group.size} ({'chief' if group.chief else 'worker'}): DataParallel (jax), "
+    say(f"task {group.index} of {group.size} ({'chief' if group.chief else 'worker'}): DataParallel (jax), "
          f"{group.devices} replica(s) in sync, global batch {global_batch} ({per_replica}/replica)")
 
     train, val = feeds(task, group, per_replica, config.steps_per_epoch)
@@ -107,22 +103,17 @@ def run(config: RunConfig) -> dict:
     started = time.time()
     history = _fit(model, train, val, epochs, _callbacks(config, task, keras, group, checkpoint_dir, epochs,
                                                           writer, progress), progress)
-    returned = time.time()
-    tail = returned - progress.last_epoch_end if progress.last_epoch_end else 0.0
-    _say(f"fit returned {tail:.2f}s after the last epoch end")
-
-    weights_path = None
-    if config.save_weights:
-        weights_path = save_weights(model, config.save_weights.replace("{task}", str(group.index)))
-    model_path = None
-    if group.chief:  # the weights are the same on every process
-        with alone(keras):
-            model_path = save_model(model, model_dir, chief=True)
-    progress.mark_done()
-    _say(f"done: fit took {returned - started:.1f}s" + (f"; model saved to {model_path}" if model_path else ""))
-    return {"history": history.history, "model_path": model_path, "weights_path": weights_path,
-            "fit_tail_s": tail, "steps_per_epoch": train.steps, "global_batch_size": global_batch,
+    done = finish(config, model, group.index, progress, started, lambda: _save_model(keras, model, model_dir, group))
+    return {"history": history.history, **done, "steps_per_epoch": train.steps, "global_batch_size": global_batch,
             "replicas": group.devices, "task": group.index}
+
+
+def _save_model(keras, model, model_dir: str, group: Group) -> str | None:
+    """The chief alone writes the model (the weights are the same on every process), outside the distribution."""
+    if not group.chief:
+        return None
+    with alone(keras):
+        return save_model(model, model_dir, chief=True)
 
 
 def _callbacks(config: RunConfig, task, keras, group: Group, checkpoint_dir: str, epochs: int, writer,
@@ -150,8 +141,8 @@ def _fit(model, train, val, epochs: int, callbacks: list, progress):
                             verbose=0)
     except Preempted as exc:
         progress.mark_preempted()
-        _say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']}), {time.time() - started:.1f}s in fit")
+        say(f"preempted: {exc} (epoch {progress.writer.fields['epoch']}), {time.time() - started:.1f}s in fit")
         raise
     if checkpoints.notice.is_set():
-        _say("notice (SIGTERM) after the last epoch: finishing")
+        say("notice (SIGTERM) after the last epoch: finishing")
     return history
