@@ -1,9 +1,10 @@
 """Keras 3 on JAX through the real launcher (`[training] backend = "jax"`): real JAX processes on CPU, two local
 tasks with two devices each (XLA's host-platform device count), gloo collectives between them.
 
-Digits trains to the TensorFlow runner's accuracy with equal weights on both tasks; a kill -9 fails the run
-naming the task and leaves nothing; a group restart resumes after the last saved epoch; a notice (SIGTERM) stops
-both at one epoch end with exit 75 and the run goes on from there.
+Digits trains to the TensorFlow runner's accuracy with equal weights on both tasks, and that run's status and
+report read as on TensorFlow; a kill -9 fails the run naming the task and leaves nothing; a group restart resumes
+after the last saved epoch; a notice (SIGTERM) stops both at one epoch end with exit 75 and the run goes on from
+there; a frozen task is named hung with the stacks py-spy read from both JAX processes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import IN_CI, REPO, launcher_traceback, latest_state, status_json, wait_gone, write_spec
+from conftest import (IN_CI, REPO, Cli, launcher_traceback, latest_state, need, reap, run_processes, status_json,
+                      wait_gone, write_spec)
 
 
 def keras3_on_jax() -> bool:
@@ -91,9 +93,22 @@ def alone(tmp_path_factory) -> float:
     return json.loads((run_dir / "progress.json").read_text())["metrics"]["val_accuracy"]
 
 
-def test_two_tasks_with_two_devices_each_train_digits_in_step(cli, tmp_path, alone):
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two tasks x 2 devices train digits for 5 epochs, weights saved: (the CLI of its MGPU_HOME, `up`'s result,
+    the weights' folder), one run for every test that reads it."""
+    tmp_path = tmp_path_factory.mktemp("pair")
+    cli = Cli(tmp_path / "mgpu-home", tmp_path)
     weights = tmp_path / "weights"
     r = cli("up", jax_spec(tmp_path, 5, args=("--save-weights", f"{weights}/w-{{task}}.npz")), timeout=300)
+    yield cli, r, weights
+    left = reap(run_processes(cli.home))
+    assert not left, f"processes left running after the run: {left}"
+
+
+@pytest.mark.cluster
+def test_two_tasks_with_two_devices_each_train_digits_in_step(pair, alone):
+    cli, r, weights = pair
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert out.count("DataParallel (jax), 4 replica(s) in sync, global batch 64 (16/replica)") == 2, out
@@ -108,6 +123,33 @@ def test_two_tasks_with_two_devices_each_train_digits_in_step(cli, tmp_path, alo
     assert w0.files and sorted(w0.files) == sorted(w1.files)
     assert all(np.array_equal(w0[k], w1[k]) for k in w0.files), "the tasks ended with different weights"
     assert not wait_gone(cli.home, 5)
+
+
+@pytest.mark.cluster
+def test_status_and_the_report_of_a_jax_run_read_as_on_tensorflow(pair):
+    """The same run: status (its JSON and its table) has each task's steps, samples/s and replicas from the Keras 3
+    runner's progress.json; `report` draws it (the PNG, exit 0) with every epoch of both tasks."""
+    need("matplotlib")
+    from launcher.diagnose import series
+
+    cli, r, _weights = pair
+    assert r.returncode == 0, r.stdout + r.stderr
+    snap = status_json(cli)
+    for t in snap["tasks"]:
+        assert (t["step"], t["steps_per_epoch"], t["global_step"], t["replicas"]) == (22, 22, 110, 4), t
+        assert t["samples_per_sec"] > 0 and t["loss"] > 0, t
+    table = cli("status", timeout=120)
+    assert table.returncode == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert len(rows) == 2 and all("5/5" in row and "22/22" in row for row in rows), table.stdout
+    assert "replicas in sync: 4 over 2 worker(s)" in table.stdout, table.stdout
+    png = cli("report", timeout=120)
+    folder = cli.home / "runs" / snap["run_id"]
+    assert png.returncode == 0 and png.stdout.strip() == str(folder / "report.png"), png.stdout + png.stderr
+    assert (folder / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = series.load(folder)
+    assert {(e["task"], e["epoch"]) for e in data["epochs"]} == {(t, n) for t in (0, 1) for n in range(1, 6)}
+    assert all(e["samples_per_s"] > 0 for e in data["epochs"]) and data["attempts"][0]["outcome"] == "succeeded"
 
 
 def test_kill_9_of_a_task_fails_the_run_naming_it(cli, tmp_path):
@@ -157,6 +199,49 @@ def test_a_notice_stops_both_at_one_epoch_end_and_the_run_goes_on_from_there(cli
     snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["preemptions"] == 1 and snap["restarts"] == 0, snap
     assert not wait_gone(cli.home, 5)
+
+
+def stepping(cli, steps: int):
+    """The run's state once its record has every task at `steps` steps or more (what status reads)."""
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all((t.get("progress") or {}).get("global_step", 0) >= steps
+                                               for t in st["tasks"]):
+        return st
+    return None
+
+
+def test_a_frozen_task_is_named_hung_with_the_stacks_of_both_jax_processes(cli, tmp_path):
+    """While both train, status shows their steps and samples/s and `stacks` reads both JAX processes in fit
+    (py-spy); then task 1 frozen (SIGSTOP), task 0 waits in a gloo collective: task 1 is named hung, every
+    task's stacks are logged before anything is stopped, its innermost frames are in the failure, exit 1."""
+    seen = {}
+
+    def act(_up, st):
+        seen["status"], seen["stacks"] = status_json(cli), cli("stacks", timeout=120)
+        os.kill(st["tasks"][1]["pid"], signal.SIGSTOP)
+
+    code, out = cli.up_while(jax_spec(tmp_path, 200, launch="heartbeat_timeout = 6"), lambda: stepping(cli, 5), act,
+                             "both tasks training")
+    for t in seen["status"]["tasks"]:  # the live view of a jax run
+        assert t["state"] == "running" and t["steps_per_epoch"] == 22 and t["step"] is not None, t
+        assert t["replicas"] == 4 and t["samples_per_sec"] > 0, t
+    r = seen["stacks"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    for i in (0, 1):
+        section = r.stdout.split(f"task {i} (")[1].split("\ntask ")[0]
+        assert "fit (" in section and "no stacks" not in section, r.stdout  # a frame in Keras 3's fit
+    assert code == 1 and not launcher_traceback(out), out
+    run = latest_state(cli)
+    failure = run["failure"]
+    assert (failure["task"], failure["kind"]) == (1, "hung") and "SIGSTOP" in failure["message"], failure
+    assert "innermost frame last" in failure["message"], failure["message"]
+    assert "task 1 (" in out and "hung" in out, out
+    log = (cli.home / "runs" / run["run_id"] / "launcher.log").read_text()
+    assert "stacks at the hang: task 0 (" in log and "stacks at the hang: task 1 (" in log, log[-3000:]
+    assert log.count("fit (") >= 2 and "no stacks" not in log, log[-3000:]
+    for t in run["tasks"]:
+        assert list(Path(t["run_dir"]).glob("stacks-*.txt")), t["run_dir"]
+    assert not wait_gone(cli.home, 10)
 
 
 # --------------------------------------------------------------------------- pure: no JAX process

@@ -1,7 +1,7 @@
 """Kubernetes: the JobSet we render is checked against JobSet's published API models, and the pods'
-command and env, taken from the rendered file as they are, train together in two network namespaces
-whose /etc/hosts maps the JobSet's host names (what the cluster's DNS does); SIGTERM to a pod saves
-and exits 75. No API server can run here, so nothing is applied."""
+command and env, taken from the rendered file as they are, train together (TensorFlow, and Keras 3 on
+JAX) in two network namespaces whose /etc/hosts maps the JobSet's host names (what the cluster's DNS
+does); SIGTERM to a pod saves and exits 75. No API server can run here, so nothing is applied."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from conftest import IN_CI, REPO, free_port, wait_for
+from conftest import IN_CI, REPO, free_port, need, wait_for
 
 sys.path.insert(0, str(REPO / "deploy"))
 from testhosts import TestHosts  # noqa: E402
@@ -290,6 +291,28 @@ def test_two_pods_from_the_rendered_file_train_together(netns_hosts_files, tmp_p
     for i in (0, 1):
         events = (tmp_path / "pods" / ".mgpu" / "runs" / RUN / f"task-{i}" / "events-0.jsonl").read_text()
         assert '"event": "started"' in events and '"code": 0' in events
+
+
+@pytest.mark.cluster
+def test_two_pods_of_a_jax_jobset_train_digits_keras3_in_step(netns_hosts_files, tmp_path):
+    """backend = "jax": each pod's entry builds Keras' variables from its index (JAX's coordinator and gloo on the
+    JobSet's host names) and the Keras 3 runner trains with 2 CPU devices per pod: 4 replicas, equal weights."""
+    need("jax")
+    weights = tmp_path / "pods" / "weights-{task}.npz"
+    training = {"entrypoint": "worker.examples.digits_keras3:task", "backend": "jax", "local_replicas": 2,
+                "epochs": 2, "batch_size_per_replica": 16,
+                "args": ["--steps-per-epoch", "6", "--save-weights", str(weights)]}
+    with running(pods(netns_hosts_files, tmp_path, training)) as procs:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for i, out in enumerate(outs):
+        role = "chief" if i == 0 else "worker"
+        assert f"task {i} of 2 ({role}): DataParallel (jax), 4 replica(s) in sync" in out, out
+        assert "epoch 2/2 loss=" in out, out
+        events = (tmp_path / "pods" / ".mgpu" / "runs" / RUN / f"task-{i}" / "events-0.jsonl").read_text()
+        assert '"event": "started"' in events and '"code": 0' in events
+    a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
+    assert a.files and a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files), "weights differ"
 
 
 @pytest.mark.cluster

@@ -1,6 +1,6 @@
 """The Slurm engine against a real slurmctld and two slurmd, each node in its own network namespace
-(tests/slurm_fixtures.py): `up` of a [slurm] spec, kill -9, down, Ctrl-C, a restart as a new job,
-bad [slurm] tables, a run inside an existing allocation. Plus the pure parts (TF_CONFIG, the script, the
+(tests/slurm_fixtures.py): `up` of a [slurm] spec (TensorFlow, and Keras 3 on JAX), kill -9, down, Ctrl-C, a
+restart as a new job, bad [slurm] tables, a run inside an existing allocation. Plus the pure parts (TF_CONFIG, the script, the
 verdict from recorded job records, following events files, status rows). The lifecycle (requeue, node
 down, time limit, outside scancel) is in test_slurm_lifecycle.py."""
 
@@ -480,6 +480,31 @@ def test_each_task_of_a_jax_spec_gets_kerass_variables(sc, cli, tmp_path):
         env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
         assert [env.get(k) for k in task_env.KERAS_VARIABLES] == ["jax", coordinator, "2", str(i)]
         assert "TF_CONFIG" not in env and "TF_USE_LEGACY_KERAS" not in env and env["MGPU_TASK_INDEX"] == str(i)
+
+
+def test_digits_keras3_on_jax_trains_in_step_on_two_nodes(sc, cli, tmp_path):
+    """backend = "jax" in one job: each node's task with 2 CPU devices (XLA's host platform), JAX's coordinator on
+    the first node, gloo between the nodes' namespaces; 4 replicas in sync and the same weights on both."""
+    need("jax")
+    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
+        cli.env.pop(name, None)  # srun passes the launcher's own environment on
+    weights = tmp_path / "shared" / "weights-{task}.npz"
+    args = ["--steps-per-epoch", "6", "--save-weights", str(weights)]
+    spec = write_slurm_spec(tmp_path, f'backend = "jax"\nentrypoint = "worker.examples.digits_keras3:task"\n'
+                                      f"local_replicas = 2\nbatch_size_per_replica = 16\nepochs = 2\n"
+                                      f"args = {json.dumps(args)}")
+    r = cli("up", spec, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("DataParallel (jax), 4 replica(s) in sync, global batch 64 (16/replica)") == 2, out
+    assert "task0 node1 |" in out and "task1 node2 |" in out and not launcher_traceback(out)
+    snap = status_json(cli)
+    assert (snap["state"], snap["engine"], snap["job"]["state"]) == ("succeeded", "slurm", "completed"), snap
+    for t in snap["tasks"]:
+        assert (t["state"], t["epoch"], t["epochs"], t["global_step"], t["replicas"]) == ("succeeded", 2, 2, 12, 4), t
+    a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
+    assert a.files and a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files), "weights differ"
+    assert not wait_gone(cli.home, 10)
 
 
 def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
