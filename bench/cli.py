@@ -11,7 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import check_scale, failure, help, overhead, ray, scaling, ssh_launch, status, steptime
+from bench import check_scale, failure, help, overhead, ray, restart, scaling, ssh_launch, status, steptime
 from bench.common import BENCH, REPO, Bench, SkipBench
 from bench.results import Row, write_json, write_plot, write_table
 
@@ -19,24 +19,25 @@ HELP = """mgpu-cluster's benchmarks against their baselines: one command, a tabl
 
     python -m bench [--quick] [--only NAME,...] [--reps N] [--out DIR]     (or python bench/run.py)
 
-NAME: help, overhead, check-scale, scaling, failure, ssh-launch, status, steptime, ray (one module each in
+NAME: help, overhead, check-scale, scaling, failure, restart, ssh-launch, status, steptime, ray (one module each in
 bench/). Each is measured against a baseline in the same run (interleaved), as the median of
 several repetitions with min and max, because the machine is shared and noisy. Writes
 DIR/results.md (the table), DIR/results.png (launch time and hosts' CPU against hosts; samples/s
 for 1 and 2 workers) and the raw data in DIR/out/results.json (DIR defaults to bench/). --quick:
-one repetition, smallest sizes, no SSH and no Ray; under two minutes. The SSH benchmarks need
+one repetition, smallest sizes, no SSH and no Ray; about three minutes. The SSH benchmarks need
 root, `ip` and `sshd` (deploy/testhosts/); the Ray peer gets its own venv in bench/.venv-ray
 (created on first use).
 """
 
 BENCHMARKS = {"help": help, "overhead": overhead, "check-scale": check_scale, "scaling": scaling,
-              "failure": failure, "ssh-launch": ssh_launch, "status": status, "steptime": steptime, "ray": ray}
+              "failure": failure, "restart": restart, "ssh-launch": ssh_launch, "status": status, "steptime": steptime,
+              "ray": ray}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1 repetition, smallest sizes, no SSH, no Ray (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="1 repetition, smallest sizes, no SSH, no Ray (~3 min)")
     p.add_argument("--only", default="", help=f"comma-separated benchmarks: {','.join(BENCHMARKS)}")
     p.add_argument("--reps", type=int, default=0, help="repetitions (default 3; 1 with --quick)")
     p.add_argument("--out", type=Path, default=BENCH, help="folder for results.md, results.png and out/ (default bench/)")

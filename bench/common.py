@@ -67,13 +67,15 @@ def toml_value(v) -> str:
 
 
 def write_spec(path: Path, hosts: list[dict], command: list[str], defaults: dict | None = None,
-               launch: dict | None = None) -> Path:
+               launch: dict | None = None, training: dict | None = None) -> Path:
+    """A spec of `hosts` that runs `command`, or (`command` empty) the built-in runner with `training`'s keys."""
     lines = []
     if defaults:
         lines += ["[defaults]"] + [f"{k} = {toml_value(v)}" for k, v in defaults.items()] + [""]
     for h in hosts:
         lines += ["[[hosts]]"] + [f"{k} = {toml_value(v)}" for k, v in h.items()] + [""]
-    lines += ["[training]", f"command = {toml_value(command)}", ""]
+    lines += ["[training]"] + ([f"command = {toml_value(command)}"] if command else [])
+    lines += [f"{k} = {toml_value(v)}" for k, v in (training or {}).items()] + [""]
     if launch:
         lines += ["[launch]"] + [f"{k} = {toml_value(v)}" for k, v in launch.items()] + [""]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,13 +33,15 @@ class TaskPlan:
         port = self.host.port  # 0: not known before the start (a scheduler picks the node and port)
         return f"task {self.index} ({self.host.label}:{port})" if port else f"task {self.index} ({self.host.label})"
 
-    def supervisor_argv(self, attempt: int, lifeline: float | None = None) -> list[str]:
-        return module_argv(self.python, SUPERVISOR) + self.supervisor_args(attempt, lifeline)
+    def supervisor_argv(self, attempt: int, lifeline: float | None = None, standby: bool = False) -> list[str]:
+        return module_argv(self.python, SUPERVISOR) + self.supervisor_args(attempt, lifeline, standby)
 
-    def supervisor_args(self, attempt: int, lifeline: float | None = None) -> list[str]:
-        """The supervisor's arguments (after its module): a held preflight check passes them on."""
+    def supervisor_args(self, attempt: int, lifeline: float | None = None, standby: bool = False) -> list[str]:
+        """The supervisor's arguments (after its module): a held preflight check passes them on. `standby`:
+        it starts the program warm and the attempt on "go" (worker.task.supervised)."""
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
+        extra += ["--standby"] if standby else []
         return ["--run-dir", self.run_dir, "--attempt", str(attempt), "--port", str(self.host.port),
                 "--grace", f"{self.grace:g}", "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra,
                 "--", *self.argv]

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.run import files, interrupts, record
+from launcher.run import files, interrupts, phases, record
 from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.logs import never_started, show
 from launcher.run.progress import typed
@@ -173,6 +173,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     """The run as `status --json` shows it: its record, merged with what each host says when probed."""
     now = time.time()
     until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
+    alive = record.launcher_alive(run)
     tasks = []
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
@@ -192,9 +193,10 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "heartbeat_age": round(max(0.0, until - progress["time"]), 1) if progress.get("time") else None,
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
             "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
+            # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
+            "standby": t.standby if not run.ended and alive else None, "warm": t.warm,
             "error": str(res.error) if res is not None and not res.ok else None,
         })
-    alive = record.launcher_alive(run)
     state = run.state if run.ended or alive else RunState.LOST
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
@@ -202,7 +204,8 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
             "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
                           "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
-                          "started_at": a.started_at, "ended_at": a.ended_at} for a in run.attempts],
+                          "started_at": a.started_at, "ended_at": a.ended_at, "phases": phases.told(a)}
+                         for a in run.attempts],
             "tasks": tasks, "straggler": straggler_json(tasks),
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
             "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}

@@ -136,6 +136,8 @@ class Launch(_Model):
     preempt_grace: Annotated[Seconds, Field(le=PREEMPT_GRACE_MAX)] = 60.0
     max_preemptions: Restarts = 100  # restarts after preemption; not max_restarts
     min_hosts: Optional[Count] = None  # elastic: go on with this many hosts when others are lost
+    # a warm process per task (Python and TensorFlow imported) that a restart starts from (local and SSH hosts)
+    standby: bool = True
 
     @property
     def lifeline(self) -> float:

@@ -31,7 +31,8 @@ K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN
 # [launch] keys that mean nothing to a JobSet, and why
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
-                  "max_preemptions": "JobSet restarts a preempted group without counting or limit"}
+                  "max_preemptions": "JobSet restarts a preempted group without counting or limit",
+                  "standby": "Kubernetes starts each attempt's pods itself: no standbys"}
 REPLICATED_JOB = "worker"  # the JobSet's one replicated job: pod i is <name>-worker-0-<i>
 DEFAULT_NAME = "mgpu"  # a spec that comes from no file (a dict parsed in code)
 

@@ -13,6 +13,7 @@ from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, S
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
+from launcher.run.phases import restarts_words
 from launcher.resume import resumed
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
@@ -169,4 +170,5 @@ def phases(run) -> str:
         parts.append(f"to first step {ph['first_step'] - ph['spawn_started']:.2f} s")
     if "first_step" in ph and "end" in ph:
         parts.append(f"training {ph['end'] - ph['first_step']:.2f} s")
-    return "phases: " + (", ".join(parts) or "none recorded")
+    restarts = restarts_words(run)
+    return "phases: " + (", ".join(parts) or "none recorded") + (f"; {restarts}" if restarts else "")

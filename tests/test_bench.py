@@ -10,8 +10,9 @@ import pytest
 from conftest import REPO, wait_gone
 
 QUICK = ("`mgpu-cluster --help`", "launcher overhead", "`check` of 50 local tasks", "scaling, 2 workers / 1",
-         "failure detection, local")
-SKIPPED = ("launch scaling over SSH", "`status --json`, 16 SSH hosts", "peer: Ray Train")  # not in quick mode
+         "failure detection, local", "restart cost, local, standby on")
+SKIPPED = ("launch scaling over SSH", "`status --json`, 16 SSH hosts", "peer: Ray Train",  # not in quick mode
+           "restart cost, over SSH")
 
 
 @pytest.mark.cluster

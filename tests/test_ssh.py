@@ -824,3 +824,48 @@ def test_down_with_a_host_cut_off_records_what_it_could_not_reach(cli, th, tmp_p
     assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
     assert "could not be reached" in failure["message"] and "lifeline" in failure["message"], failure
     assert not wait_gone(tmp_path, 30)
+
+
+WAIT_IN_ATTEMPT = """
+import json, os, sys, time
+d = os.environ["MGPU_RUN_DIR"]
+print("attempt", os.environ["MGPU_ATTEMPT"], "warm", "tensorflow" in sys.modules, flush=True)
+with open(os.path.join(d, ".p"), "w") as f:
+    json.dump({"state": "training", "global_step": 1, "time": time.time()}, f)
+os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+time.sleep(300)
+"""
+
+
+@needs_root
+def test_standbys_over_ssh_restart_warm_and_die_with_a_lost_launcher(cli, th, tmp_path):
+    """Two SSH hosts: each keeps a standby per task; a kill -9 restarts on them (the same processes, TensorFlow
+    already imported); a launcher killed with kill -9 leaves no task and no standby on either host."""
+    (tmp_path / "wd").mkdir(exist_ok=True)
+    (tmp_path / "wd" / "wait.py").write_text(WAIT_IN_ATTEMPT)
+    spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "wait.py"]}, launch={"max_restarts": 1})
+
+    def standbys(attempt):
+        st = latest_state(cli)
+        found = [t.get("standby") for t in (st or {}).get("tasks", [])]
+        if st and st["state"] == "running" and len(found) == 2 and all(
+                s and s["ready"] and s["attempt"] == attempt and alive(s["pid"]) for s in found):
+            return [s["pid"] for s in found]
+        return None
+
+    up = cli.popen("up", spec)
+    try:
+        first = wait_for(lambda: standbys(1), 240, "a ready standby on both hosts")
+        os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
+        wait_for(lambda: standbys(2), 240, "attempt 1 running, and the standbys for attempt 2")
+        st = latest_state(cli)
+        assert st["attempt"] == 1 and [t["pid"] for t in st["tasks"]] == first and all(t["warm"] for t in st["tasks"])
+        log = (task_dir(tmp_path, st, 0) / "worker.log").read_text()
+        assert "attempt 0 warm False" in log and "attempt 1 warm True" in log, log[-1500:]
+        up.kill()
+        up.wait()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert not wait_gone(tmp_path, 30), "tasks or standbys outlived their launcher"

@@ -20,6 +20,7 @@ from worker.errors import SettingError
 from worker.protocol import FILE_MAX_BYTES, ProgressState, json_object
 from worker.host import layout
 from worker.host.files import write_private
+from worker.host.modules import remember
 
 FILENAME = layout.PROGRESS
 STATES = tuple(str(state) for state in ProgressState)
@@ -283,6 +284,9 @@ def callback_class(keras=None):
 
         def on_train_batch_end(self, batch, logs=None):
             now, done = time.time(), int(batch) + 1
+            if "first_step_at" not in self.writer.fields:  # this attempt's first step: its start-up ends here
+                self.writer.fields["first_step_at"] = now
+                remember(self.writer.path and str(self.writer.path.parent))
             if self._rate_start is None:  # rate from the first finished step (no tracing time)
                 self._rate_start = (now, done)
             if self._traced and self._began is not None and done > self._step:

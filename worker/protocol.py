@@ -58,6 +58,7 @@ class Started(Event):
     time: float
     host: str = ""  # where it runs, when the engine learns it only now (a scheduler's node)
     port: int = 0  # its TF port, when the engine learns it only now (derived from a scheduler's job id)
+    warm: bool = False  # started from its standby (worker.task.standby): Python and its imports were ready
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,19 @@ class Note(Event):
 
 
 @dataclass(frozen=True)
+class Standby(Event):
+    """A standby's supervisor, every BEAT_S until its attempt begins: the warm program (pid 0: none now;
+    `ended`: how the last one ended) and whether it has imported what it needs."""
+
+    kind: ClassVar[str] = "standby"
+    pid: int
+    create_time: float
+    ready: bool = False
+    rss: int | None = None
+    ended: str = ""
+
+
+@dataclass(frozen=True)
 class Lost(Event):
     """Launcher side only: the channel to a task's supervisor ended with no Exit record."""
 
@@ -111,7 +125,7 @@ class Lost(Event):
     reason: str
 
 
-EVENTS: dict[str, type[Event]] = {cls.kind: cls for cls in (Started, Output, Progress, Stats, Exit, Note)}
+EVENTS: dict[str, type[Event]] = {cls.kind: cls for cls in (Started, Output, Progress, Stats, Exit, Note, Standby)}
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -142,7 +156,8 @@ class BadRecord(ValueError):
     """A line that is not a record of this protocol."""
 
 
-_SIMPLE = {"int": int, "float": (int, float), "str": str, "dict": dict, "list[str]": list, "None": type(None)}
+_SIMPLE = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list[str]": list,
+           "None": type(None)}
 
 
 def _typed(cls: type[Event], data: dict) -> dict:

@@ -8,7 +8,7 @@ import math
 OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
                    "stopped": "#7f8c8d", None: "#95a5a6"}
 PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67e22", "training": "#27ae60",
-                 "teardown": "#7f8c8d"}
+                 "teardown": "#7f8c8d", "detected": "#c0392b", "spawn": "#f1c40f"}  # the last two: a restart's
 EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad"}
 BAR, LINE = "#9ecae1", "#08519c"
 MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark is labelled
@@ -164,9 +164,18 @@ def timeline(ax, data: dict) -> None:
                        color=OUTCOME_COLOURS.get(a["outcome"], OUTCOME_COLOURS[None]))
         ax.text((a["start"] + end) / 2, 0.5, f"attempt {a['index']}: {a['outcome'] or 'running'}", ha="center",
                 va="center", fontsize=7, color="white", clip_on=True)
-    if data["phases"]:
-        ax.legend(handles=[Patch(color=PHASE_COLOURS[p["name"]], label=f"{p['name']} {p['end'] - p['start']:.1f} s")
-                           for p in data["phases"]],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=len(data["phases"]), fontsize=8, frameon=False)
+    restart_parts: dict[str, float] = {}  # each restart's phases in the same row, summed over restarts in the legend
+    for r in data["restart_phases"]:
+        for p in r["parts"]:
+            ax.broken_barh([(p["start"], max(p["end"] - p["start"], 0.01))], (1.1, 0.8), color=PHASE_COLOURS[p["name"]],
+                           hatch="//", edgecolor="white", linewidth=0.3)
+            restart_parts[p["name"]] = restart_parts.get(p["name"], 0.0) + p["end"] - p["start"]
+    handles = [Patch(color=PHASE_COLOURS[p["name"]], label=f"{p['name']} {p['end'] - p['start']:.1f} s")
+               for p in data["phases"]]
+    handles += [Patch(facecolor=PHASE_COLOURS[name], hatch="//", edgecolor="white",
+                      label=f"restarts: {name} {took:.1f} s") for name, took in restart_parts.items()]
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=min(len(handles), 5),
+                  fontsize=8, frameon=False)
     ax.set_yticks([0.5, 1.5], ["attempts", "phases"])
     ax.set_ylim(0, 2)

@@ -63,6 +63,7 @@ def notes(data: dict) -> list[str]:
         paragraphs.append(f"start-up (preflight, spawn, until the first step; again after each restart) took "
                           f"{took:.1f} s in all: compressed into {STARTUP_SHARE:.0%} of the time axis, shaded; "
                           "the rest is to scale.")
+    paragraphs += [r["line"] for r in data["restart_phases"]]
     reasons = {a["end"]: a["reason"] or (a["failure"] or {}).get("message") for a in data["attempts"]}
     for n, ev in enumerate(data["events"], 1):
         why = reasons.get(ev["t"]) if ev["kind"] == "failure" else None

@@ -76,7 +76,8 @@ def build(run: dict, history: list[dict], now: float | None = None) -> dict:
             "failure": timeline.failure(run.get("failure")), "tasks": tasks, "epochs": epochs,
             "group": {"within": _group_within(tasks), "epochs": _group_epochs(epochs)},
             "phases": phases, "startups": _startups(phases, tried, tasks, epochs),
-            "attempts": tried, "events": timeline.events(run, clock, tried)}
+            "attempts": tried, "restart_phases": timeline.restarts(run, clock),
+            "events": timeline.events(run, clock, tried)}
 
 
 def _rows(history: list[dict]) -> list[dict]:

@@ -7,6 +7,7 @@ import signal
 
 from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
+from launcher.run.phases import restart_line
 from launcher.run.progress import real, whole
 from launcher.run.states import AttemptOutcome, RunState
 
@@ -101,6 +102,32 @@ def attempts(run: dict, clock: Clock) -> list[dict]:
                       "end": end if end is not None and end >= start else None,
                       "outcome": a.get("outcome") if a.get("outcome") in OUTCOMES else None,
                       "reason": text(a.get("reason")), "failure": failure(a.get("failure"))})
+    return found
+
+
+def restarts(run: dict, clock: Clock) -> list[dict]:
+    """Each restarted attempt's phases (launcher.run.phases), as recorded: its parts placed on the time axis
+    (detected from the failing task's end, teardown up to the attempt before's end, spawn and first step from
+    its own start), and its line of words."""
+    found, before = [], None
+    for a in items(run.get("attempts")):
+        raw = a.get("phases") if isinstance(a.get("phases"), dict) else {}
+        ph = {k: real(v) for k, v in raw.items() if isinstance(k, str) and real(v) is not None and real(v) >= 0}
+        number, start = whole(a.get("number")), real(a.get("started_at"))
+        prev_end = real(before.get("ended_at")) if before else None
+        before = a
+        if not number or start is None or not ph:
+            continue
+        spawned = start + ph.get("spawn_s", 0.0)
+        marks = [("detected", ph.get("failed_at"), ph.get("detected_s")),
+                 ("teardown", prev_end - ph["teardown_s"] if prev_end and "teardown_s" in ph else None,
+                  ph.get("teardown_s")),
+                 ("spawn", start, ph.get("spawn_s")), ("first step", spawned, ph.get("first_step_s"))]
+        parts = [{"name": name, "start": clock(at), "end": clock(at + took)} for name, at, took in marks
+                 if at is not None and took is not None]
+        told = {k: v for k, v in ph.items() if k != "failed_at"}
+        found.append({"attempt": number, "phases": told, "line": restart_line(number, told),
+                      "parts": [p for p in parts if p["start"] is not None and p["end"] is not None]})
     return found
 
 

@@ -195,6 +195,8 @@ class Launching(ABC):
 
     plans: list[TaskPlan]
     on_job: Callable[[dict], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
+    # told what each task's standby is now ({pid, ready, rss, attempt}; None: it has none)
+    on_standby: Callable[[int, dict | None], None] = staticmethod(lambda _index, _standby: None)
 
     @abstractmethod
     def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:

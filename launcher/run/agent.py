@@ -18,7 +18,7 @@ from launcher.diagnose.stacks import at_hang
 from launcher.engines import Engine, engine_for
 from launcher.engines.base import SchedulerCause
 from launcher.errors import Interrupted, RunFailed
-from launcher.run import interrupts, teardown, watch
+from launcher.run import interrupts, phases, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
 from launcher.run.failure import Failure, FailureKind, stop_words, told_once, with_stacks
 from launcher.run.output import Output
@@ -42,13 +42,21 @@ class Agent:
         self.run = owner.record
         self.current: LiveAttempt | None = None  # the attempt that a Ctrl-C or an exit tears down
         self.epochs_told: dict[int, list] = {}  # per task: the epoch summaries its last history line held
+        self.marks: phases.Phases | None = None  # the current attempt's phases (phases.py)
+        self.carried: dict[str, float] = {}  # what the attempt before gives the next one's phases
         owner.warn = out.say
         engine.on_job = self.job_known
+        engine.on_standby = self.standby_known
 
     def job_known(self, job: dict) -> None:
         """A scheduler's job for the run (its id while it waits in the queue): recorded at once."""
         self.run.job = job
         self.owner.save()
+
+    def standby_known(self, index: int, standby: dict | None) -> None:
+        """A task's standby as its engine last heard of it (on the engine's thread: the next save keeps it)."""
+        if not self.run.ended:
+            self.run.task(index).standby = standby
 
     # -- the policy: attempt -> (succeeded | preempted | shrink | restart | failed), teardown always
     def execute(self) -> None:
@@ -132,7 +140,7 @@ class Agent:
         ended.outcome = Outcome.SHRUNK
         self.engine.close()
         self.engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
-        self.engine.on_job = self.job_known
+        self.engine.on_job, self.engine.on_standby = self.job_known, self.standby_known
         return True
 
     # -- one attempt
@@ -142,6 +150,7 @@ class Agent:
         run.set_state(RunState.STARTING)
         tasks = [p.index for p in self.engine.plans]
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
+        self.marks, self.carried = phases.Phases(run.attempts[-1], self.carried, phases.reached(run)), {}
         for i in tasks:
             t = run.task(i)
             t.state, t.exit_code, t.pid, t.create_time = TaskState.PENDING, None, None, None
@@ -149,6 +158,7 @@ class Agent:
         run.phases.setdefault("spawn_started", time.time())
         self.owner.save()
         live = self.current = LiveAttempt(number, tasks)
+        self.marks.spawning()
         not_started = self.engine.start(number, AttemptSink(live, run, self.out))
         live.spawned_at = time.monotonic()  # a scheduler's start() returns once its job left the queue
         failure = None
@@ -183,8 +193,10 @@ class Agent:
                 continue
             failure = watch.overdue(self.run, live, launch)
             if failure is not None:
+                self.marks.failed(self.run, failure.task, None)
                 return self.hang_stacks(live, failure)
             if self.run.state == RunState.STARTING and live.all_started:
+                self.marks.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
                 self.run.set_state(RunState.RUNNING)
                 self.run.phases.setdefault("all_started", time.time())
                 self.owner.save()
@@ -198,8 +210,12 @@ class Agent:
             return None
         preempted = live.preempted_at is not None
         failure = watch.apply(self.run, live, index, ev)
+        if failure is not None or live.preempted_at is not None:
+            self.marks.failed(self.run, index, ev)
         if isinstance(ev, protocol.Progress):
             self.remember(index, self.run.task(index).progress)
+            if self.marks.progress(self.run.task(index).progress or {}, time.time()) and live.number > 0:
+                self.out.say(phases.restart_line(live.number, self.run.attempts[-1].phases))
         if isinstance(ev, protocol.Exit) and not preempted and live.preempted_at is not None:
             self.out.say(watch.preempted_words(self.run, index, ev, self.spec.launch.preempt_grace))
         if isinstance(ev, (protocol.Exit, protocol.Lost)) and failure is None:
@@ -216,6 +232,7 @@ class Agent:
     def conclude(self, live: LiveAttempt, failure: Failure | None) -> Attempt:
         """An attempt that did not succeed: the scheduler's verdict first (a requeue is a preemption;
         a time limit or an outside cancel ends the run), else a preemption or the failure itself."""
+        self.marks.decided_at = time.time()
         verdict = self.engine.verdict(live.number)
         if verdict is not None and verdict.cause == SchedulerCause.REQUEUED:
             # Slurm ends them; the job runs again by itself
@@ -243,6 +260,7 @@ class Agent:
         current = self.run.attempts[-1]
         if current.ended_at is None:
             current.ended_at, current.outcome, current.reason, current.failure = time.time(), outcome, reason, failure
+            self.carried = self.marks.ended(current.ended_at)  # what the next attempt's phases take from its end
             self.owner.save()
         return current
 

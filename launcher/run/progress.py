@@ -11,7 +11,7 @@ from worker.protocol import ProgressState
 
 WHOLE = ("task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch", "first_global_step",
          "pid", "replicas")
-REAL = ("loss", "samples_per_sec", "time", "compute_ms", "wait_ms")
+REAL = ("loss", "samples_per_sec", "time", "compute_ms", "wait_ms", "first_step_at")
 EPOCH_REAL = ("start", "end", "samples_per_sec", "loss")  # of each finished epoch's summary (epoch_ends)
 MAX_METRICS, MAX_NAME = 32, 64
 

@@ -53,6 +53,8 @@ class TaskRecord:
     rss: int | None = None
     proc_status: str | None = None
     env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
+    standby: dict | None = None  # its warm standby now: {pid, ready, rss, attempt} (launcher.engines.supervised)
+    warm: bool = False  # its attempt started from a standby
 
 
 @dataclass
@@ -64,6 +66,8 @@ class Attempt:
     reason: str | None = None  # what ended it, in words
     failure: Failure | None = None  # the failure that ended it, as data
     tasks: list[int] = field(default_factory=list)
+    # seconds: detected_s, teardown_s (of the attempt before), spawn_s, first_step_s, took_s; steps_redone (launcher.run.phases)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,6 +115,9 @@ class RunRecord:
             self.failure = failure
         if state.ended and self.ended_at is None:
             self.ended_at = time.time()
+        if state.ended:  # its launcher stops them as it exits (the engine's close)
+            for t in self.tasks:
+                t.standby = None
 
     def to_json(self) -> str:
         data = asdict(self)  # a Failure becomes a dict with its kind's value (a str enum)

@@ -132,6 +132,17 @@ def _split_lines(snap: dict) -> list[str]:
     return lines
 
 
+def _standby_line(snap: dict) -> str | None:
+    """Each task's standby (launcher.engines.supervised.standbys) and the memory they hold together."""
+    held = [(t["index"], t["standby"]) for t in snap["tasks"] if t.get("standby")]
+    if not held:
+        return None
+    parts = [f"task {i} {'ready' if s.get('ready') else 'importing'}"
+             + (f" ({s['rss'] // 2**20} MB)" if isinstance(s.get("rss"), int) else "") for i, s in held]
+    total = sum(s["rss"] for _, s in held if isinstance(s.get("rss"), int))
+    return f"standbys for attempt {held[0][1].get('attempt')}: {', '.join(parts)}; {total / 2**30:.1f} GB in all"
+
+
 def _job_line(snap: dict) -> str | None:
     job = snap.get("job")
     if not job:
@@ -144,7 +155,7 @@ def render(snap: dict, width: int):
     """`status` on a terminal: the table, then the lines below it, wrapped at its width (a `--watch` frame
     would cut them there)."""
     table = status_table(snap, width)
-    lines = [left_out(table, width), _job_line(snap)]
+    lines = [left_out(table, width), _job_line(snap), _standby_line(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     lines += _split_lines(snap) + [snap["failure"] and snap["failure"]["message"]]
     return Group(table, *(Text(line, no_wrap=False, overflow="fold") for line in lines if line))
@@ -152,6 +163,6 @@ def render(snap: dict, width: int):
 
 def plain(snap: dict) -> str:
     """`status` piped: plain columns, then the same lines."""
-    lines = [status_plain(snap), *filter(None, [_job_line(snap)]), *_split_lines(snap)]
+    lines = [status_plain(snap), *filter(None, [_job_line(snap), _standby_line(snap)]), *_split_lines(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))

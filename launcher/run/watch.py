@@ -49,6 +49,7 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
     if isinstance(ev, protocol.Started):
         live.saw_start(index)
         task.pid, task.create_time, task.supervisor_pid = ev.pid, ev.create_time, ev.supervisor_pid
+        task.warm = ev.warm
         task.host, task.port = ev.host or task.host, ev.port or task.port  # where a scheduler put it
         if task.state == TaskState.PENDING:
             task.state, task.started_at = TaskState.RUNNING, now

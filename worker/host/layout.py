@@ -31,6 +31,7 @@ PROGRESS = "progress.json"  # written by the training (untrusted)
 TASK_INFO = "task.json"  # pids with their create times
 PID = "pid"
 EXIT_CODE = "exit_code"
+MODULES = "modules.txt"  # what the training had imported at its first step: its next standby imports them too
 STALE = (EXIT_CODE, PROGRESS, PID, TASK_INFO)  # an earlier attempt's, removed before a start
 
 # the run's folder, for a scheduler's tasks

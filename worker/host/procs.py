@@ -12,6 +12,7 @@ import signal
 import psutil
 
 ENV_RUN, ENV_TASK = "MGPU_RUN_ID", "MGPU_TASK_INDEX"
+ENV_ATTEMPT = "MGPU_ATTEMPT"  # set by the task core on what it starts (worker.task.core)
 
 
 def identity(pid: int) -> tuple[int, float] | None:
@@ -35,9 +36,10 @@ def same(pid: int | None, create_time: float | None) -> psutil.Process | None:
         return None
 
 
-def of_task(run_id: str, index: int | str, exclude: int | None = None) -> list[psutil.Process]:
+def of_task(run_id: str, index: int | str, exclude: int | None = None, attempt: int | None = None) -> list[psutil.Process]:
     """Every live process whose environment says it belongs to task `index` of run `run_id`:
-    also those that left the task's session (setsid, daemons, TensorBoard)."""
+    also those that left the task's session (setsid, daemons, TensorBoard). With `attempt`, only those
+    started for that attempt (the next attempt's standby is not what this one left behind)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
@@ -46,6 +48,7 @@ def of_task(run_id: str, index: int | str, exclude: int | None = None) -> list[p
         try:
             env = proc.environ()
             if env.get(ENV_RUN) == run_id and env.get(ENV_TASK) == str(index) \
+                    and (attempt is None or env.get(ENV_ATTEMPT, str(attempt)) == str(attempt)) \
                     and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:

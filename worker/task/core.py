@@ -26,6 +26,7 @@ from worker.host import layout
 from worker.task.folder import TaskFolder
 from worker.host.system import Meter, die_with_parent, port_holder
 from worker.task.lines import Lines
+from worker.task.warm import Warm
 from worker.host.spawn import OWN_GROUP
 
 procs: Any = None  # worker.host.procs and worker.protocol: imported once the task runs (~30 ms)
@@ -39,6 +40,8 @@ FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
 FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
 FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
 EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.log); its program not found
+WARM_TRIES = 3  # a standby that dies before its start is started again, this many times in all
+ENV_ATTEMPT = "MGPU_ATTEMPT"  # worker.host.procs.ENV_ATTEMPT: which attempt a process was started for
 
 
 def _import_rest() -> None:
@@ -62,6 +65,7 @@ class TaskSetup:
     parent_death: int = signal.SIGTERM  # what the task gets if the core dies (Slurm: SIGKILL, it kills us so)
     echo: bool = False  # the training's output also on our stdout (a pod's: what `kubectl logs` shows)
     notes: list[str] = field(default_factory=list)  # said before the start (the entry's own findings)
+    standby: bool = False  # start the program warm now, and the attempt itself on begin()
 
 
 class TaskCore:
@@ -76,6 +80,8 @@ class TaskCore:
         self.folder = TaskFolder(setup.run_dir, self.tell)
         self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
         self.index = setup.env.get("MGPU_TASK_INDEX", "")
+        self.begun, self.woken = threading.Event(), threading.Event()  # a standby's start; any reason to look
+        self.warm: Warm | None = None
 
     # ---- what we say
     def emit(self, event) -> None:
@@ -102,8 +108,15 @@ class TaskCore:
     def prepare(self) -> None:
         self.folder.prepare(f"--- attempt {self.setup.attempt}: {' '.join(self.setup.argv)}\n".encode())
 
+    @property
+    def program_env(self) -> dict[str, str]:
+        return {**os.environ, **self.setup.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1",
+                ENV_ATTEMPT: str(self.setup.attempt)}
+
     def run(self) -> int:
         s = self.setup
+        if s.standby and not self.hold():
+            return 0  # stopped before its start: nothing of it is left, and nothing to report
         self.prepare()
         if self.stopping.is_set():  # a signal before the start: nothing is started
             _import_rest()
@@ -114,14 +127,15 @@ class TaskCore:
             _import_rest()
             return self.refuse(protocol.EXIT_PORT_BUSY, f"port {s.port} was taken by {holder} after the preflight, so "
                                "the task was not started; stop that process or choose another port, then run again")
-        env = {**os.environ, **s.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
-        try:
-            self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent(s.parent_death),
-                                         **OWN_GROUP)
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
-            why = exc.strerror if isinstance(exc, OSError) else str(exc)
-            return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
+        warm = self.start_warm()
+        if not warm:
+            try:
+                self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, env=self.program_env,
+                                             preexec_fn=die_with_parent(s.parent_death), **OWN_GROUP)
+            except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
         _import_rest()
         self.meter = Meter(self.proc.pid)
         pump = threading.Thread(target=self.pump, daemon=True)
@@ -139,7 +153,7 @@ class TaskCore:
             "run_id": self.run_id, "index": self.index, "attempt": s.attempt, "host": s.host,
             "port": s.report_port}))
         self.emit(protocol.Started(pid=ident[0], create_time=ident[1], supervisor_pid=me[0], time=time.time(),
-                                   host=s.host, port=s.report_port))
+                                   host=s.host, port=s.report_port, warm=warm))
         self.send_notes()
         if self.stopping.is_set():  # a stop that came while we were starting
             self.stop_task(s.preempt_grace if self.notice else s.grace)
@@ -148,13 +162,73 @@ class TaskCore:
         self.folder.write(layout.EXIT_CODE, f"{code}\n")  # before any send: a send may block (a cut-off link)
         pump.join(timeout=2.0)
         self.send_progress()  # the last word of a finished run
-        left = procs.of_task(self.run_id, self.index) if self.run_id else []
+        left = procs.of_task(self.run_id, self.index, attempt=s.attempt) if self.run_id else []
         if left:  # the program exited but left processes behind (setsid, daemons): they go too
             self.note(f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}")
             procs.stop(left, s.grace)
         return self.finish(code)
 
+    # ---- a standby: the program started warm, the attempt begun when the launcher says so
+    def hold(self) -> bool:
+        """Keep the next attempt's program warm until begin() (True) or a stop (False: it is gone). Told to
+        the launcher in Standby records; one that dies is started again (WARM_TRIES in all), then the attempt
+        will start cold."""
+        _import_rest()
+        tries, beat_at, ended, meter = 0, 0.0, "", None
+        while not self.begun.is_set() and not self.stopping.is_set():
+            if self.warm is not None and not self.warm.alive:
+                self.warm.look()
+                ended = f"ended with code {self.warm.proc.returncode}"
+                self.warm = None
+            if self.warm is None and tries < WARM_TRIES:
+                tries += 1
+                self.warm = Warm.start(self.setup.argv, self.program_env, self.setup.cpus, self.setup.parent_death)
+                if self.warm is None:
+                    tries = WARM_TRIES  # not a program that starts warm: the attempt starts cold
+                meter = Meter(self.warm.proc.pid) if self.warm else None
+            if time.monotonic() - beat_at >= protocol.BEAT_S:
+                beat_at = time.monotonic()
+                self.tell_standby(meter, ended)
+            if self.warm is not None:
+                self.warm.look()
+            self.woken.wait(0.2)
+            self.woken.clear()
+        if self.stopping.is_set() and self.warm is not None:
+            self.warm.stop()
+            self.warm = None
+        return self.begun.is_set() and not self.stopping.is_set()
+
+    def tell_standby(self, meter: Meter | None, ended: str) -> None:
+        warm = self.warm
+        ident = procs.identity(warm.proc.pid) if warm else None
+        rss = meter.read()[1] if warm and meter else None
+        self.emit(protocol.Standby(pid=ident[0] if ident else 0, create_time=ident[1] if ident else 0.0,
+                                   ready=bool(warm and warm.ready_at), rss=rss, ended=ended if not warm else ""))
+
+    def begin(self) -> None:
+        """The launcher's word: this standby's attempt starts now."""
+        self.begun.set()
+        self.woken.set()
+
+    def start_warm(self) -> bool:
+        """The held program told to start (True); False when there is none alive (the attempt starts cold)."""
+        warm = self.warm
+        if warm is None:
+            return False
+        if warm.alive and warm.go():  # kept in self.warm (its link open) while it runs
+            self.proc = warm.proc
+            if warm.held:  # what it printed while it imported, in the attempt's log and output
+                self.folder.log_write(warm.held)
+                self.lines.feed(warm.held)
+            return True
+        warm.stop()
+        self.warm = None
+        return False
+
     def refuse(self, code: int, reason: str) -> int:
+        if self.warm is not None:
+            self.warm.stop()
+            self.warm = None
         self.folder.write(layout.EXIT_CODE, f"{code}\n")
         self.note(reason)
         _import_rest()
@@ -281,6 +355,7 @@ class TaskCore:
         if self.stopping.is_set() or self.proc is not None and self.proc.poll() is not None:
             return
         self.stopping.set()
+        self.woken.set()
         self.notice = notice
         grace = self.setup.preempt_grace if notice else self.setup.grace
         self.note(f"stopping task ({reason}; KILL after {grace:g} s)")
@@ -303,4 +378,4 @@ class TaskCore:
         except ProcessLookupError:
             pass
         if self.run_id:
-            procs.stop(procs.of_task(self.run_id, self.index), 0)
+            procs.stop(procs.of_task(self.run_id, self.index, attempt=self.setup.attempt), 0)

@@ -1,7 +1,7 @@
 """The on-host entry of local and SSH tasks: our supervisor, speaking to the launcher over a pipe.
 It runs one task under the task core (worker.task.core); no TensorFlow here.
 
-    python -m worker.task.supervised --run-dir DIR [--attempt N] [--port P] [--env-stdin] -- PROGRAM ARGS...
+    python -m worker.task.supervised --run-dir DIR [--attempt N] [--port P] [--env-stdin] [--standby] -- PROGRAM ARGS...
 
 Our stdout carries only `worker.protocol` records; the program's output goes to DIR/worker.log
 whole and reaches the launcher inside Output records (long lines cut, a flood thinned), so the
@@ -13,6 +13,10 @@ carries the task's run id in its environment) when our stdin reaches EOF (the la
 it, or went away) or on INT/HUP; TERM or USR1 is a notice (a host or scheduler taking the
 machine) and gets --preempt-grace. With --lifeline N, silence on stdin for N seconds also stops
 the task: a host cut off from the network never sees an EOF.
+
+With --standby it is a standby: it starts the program warm at once (worker.task.standby: Python and
+TensorFlow imported, no port, no runtime), says so in Standby records, and starts the attempt when the
+line "go" comes on stdin; stopped before that, it leaves nothing and reports nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from worker.task.channel import PipeChannel
 from worker.task.core import GRACE_S, TaskCore, TaskSetup
 from worker.task.signals import Signals
+from worker.task.standby import GO
 
 
 def read_env_line() -> tuple[dict[str, str] | None, bytes]:
@@ -47,10 +52,16 @@ def read_env_line() -> tuple[dict[str, str] | None, bytes]:
     return {str(k): str(v) for k, v in env.items()}, rest
 
 
-def watch_stdin(sup: TaskCore, lifeline: float | None) -> None:
-    """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone."""
+def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> None:
+    """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone. A
+    standby's supervisor also waits here for the line "go": its attempt begins."""
     last = time.monotonic()
+    data = said
     while True:
+        if sup.setup.standby and not sup.begun.is_set():
+            said = (said + data)[-16:]  # the launcher's keepalives are empty lines
+            if GO in said:
+                sup.begin()
         if lifeline and not select.select([0], [], [], 1.0)[0]:
             if time.monotonic() - last > lifeline:
                 return sup.stop(f"no word from the launcher for {lifeline:g} s")
@@ -79,15 +90,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the task when stdin stays silent this many seconds")
     parser.add_argument("--env-stdin", action="store_true", help="read the task's environment from stdin's first line")
     parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
+    parser.add_argument("--standby", action="store_true", help="start the program warm now (worker.task.standby) "
+                        "and the attempt when the line 'go' comes on stdin")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
     env: dict[str, str] | None = {}
+    rest = b""
     if args.env_stdin:
         try:
-            env, _rest = read_env_line()
+            env, rest = read_env_line()
         except (ValueError, OSError) as exc:
             parser.error(f"--env-stdin: {exc}")
         if env is None:  # not a task without its TF_CONFIG and run id: nothing at all
@@ -97,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
     setup = TaskSetup(run_dir=args.run_dir.resolve(), attempt=args.attempt, argv=program, env=env, cpus=cpus,
                       port=args.port, grace=args.grace,
-                      preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace)
+                      preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
+                      standby=args.standby and args.env_stdin and not args.detach)
     sup = TaskCore(setup, PipeChannel())
     signals.attach(sup)
     if not args.detach:
-        threading.Thread(target=watch_stdin, args=(sup, args.lifeline), daemon=True).start()
+        threading.Thread(target=watch_stdin, args=(sup, args.lifeline, rest), daemon=True).start()
     return sup.run()
 
 

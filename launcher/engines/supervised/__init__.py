@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.engines.base import Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink, TaskCheck, parallel
+from launcher.engines.supervised.standbys import Standbys, Training
 from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnreadable, Transport
 from launcher.plan import TaskPlan, mask_env, plan_tasks
 from worker.host import layout
@@ -41,6 +42,7 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         super().__init__(spec, run_id, only, landed)
         self.transports = dict(zip((p.index for p in self.plans), transports_for(spec, self.plans)))
         self.handles: dict[int, Handle] = {}
+        self.standbys = Standbys(self.transports, lambda i, state: self.on_standby(i, state))
 
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
         return plan_tasks(self.spec, self.run_id, only)
@@ -68,11 +70,16 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         return claim_ports(self.run_id, self.plans)
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
+        plans = {}
+        if self.spec.launch.standby:
+            sink = Training(sink, lambda i: self.standbys.want(plans[i], attempt + 1))
+
         def one(plan: TaskPlan) -> None:
             found = self.landed.found_env(plan.index) if self.landed is not None else {}
-            plan = dataclasses.replace(plan, env={**found, **plan.env})  # the spec's own value wins
+            plan = plans[plan.index] = dataclasses.replace(plan, env={**found, **plan.env})  # the spec's value wins
             # kept at once: a stop (Ctrl-C) that comes while other tasks still start must find it
-            self.handles[plan.index] = self.transports[plan.index].start(plan, attempt, sink)
+            self.handles[plan.index] = self.standbys.take(plan, attempt, sink) or \
+                self.transports[plan.index].start(plan, attempt, sink)
 
         results = parallel(one, self.plans)
         return {p.index: str(r.error) for p, r in zip(self.plans, results) if not r.ok}
@@ -118,5 +125,6 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         return parallel(lambda i: self.transports[i].connect(), indices)
 
     def close(self) -> None:
+        self.standbys.close()
         for t in set(self.transports.values()):
             t.close()

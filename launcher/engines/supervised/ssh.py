@@ -27,6 +27,7 @@ from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, T
 from worker.host import layout
 from worker.host.files import READ_MAX_BYTES
 from worker.host.spawn import module_argv
+from worker.task.standby import GO
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -43,6 +44,16 @@ class SSHHandle(Handle):
             self.channel.shutdown_write()  # EOF on the supervisor's stdin: the supervisor stops its task
         except (OSError, EOFError, paramiko.SSHException):
             pass
+
+    def begin(self) -> bool:
+        try:
+            self.channel.sendall(GO)
+            return True
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+
+    def wait(self, timeout: float) -> bool:
+        return self.channel.status_event.wait(timeout) or self.channel.closed
 
 
 class SSHTransport(Transport):
@@ -223,9 +234,9 @@ class SSHTransport(Transport):
         return 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     # ---- tasks
-    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink, standby: bool = False) -> Handle:
         with self.channels_lock:
-            held = self.held.pop(plan.index, None) if attempt == 0 else None
+            held = self.held.pop(plan.index, None) if attempt == 0 and not standby else None
         try:
             if held is not None and not held.exit_status_ready():
                 held.set_combine_stderr(True)
@@ -236,7 +247,7 @@ class SSHTransport(Transport):
         except (OSError, EOFError, paramiko.SSHException):
             if held is not None:
                 close_quietly(held)
-            argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline)
+            argv = plan.supervisor_argv(attempt, lifeline=self.launch.lifeline, standby=standby)
             channel = self._exec(shell_command(argv, plan.cwd), self.launch.start_timeout, combine_stderr=True)
         try:
             channel.sendall(env_line(plan))  # the environment travels on stdin, never on a command line

@@ -19,6 +19,7 @@ from launcher.plan import TaskPlan
 from worker.host import layout
 from worker.host.files import read_log
 from worker.host.spawn import OWN_GROUP
+from worker.task.standby import GO
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -33,15 +34,25 @@ class LogUnreadable(OSError):
 
 
 class Handle:
-    """A started task; `stop()` asks its supervisor to stop it (idempotent)."""
+    """A started task; `stop()` asks its supervisor to stop it (idempotent). A standby's: `begin()` starts
+    its attempt (False when that could not be said: its supervisor is gone)."""
 
     def stop(self) -> None:
+        raise NotImplementedError
+
+    def begin(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, timeout: float) -> bool:
+        """Whether its supervisor has ended, waiting up to `timeout` seconds."""
         raise NotImplementedError
 
 
 class Transport:
     can_hold = False  # a preflight check can stay and become the task's supervisor (call_and_hold)
-    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
+
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink, standby: bool = False) -> Handle:
+        """Start the task's supervisor for `attempt`; `standby`: one that waits for Handle.begin()."""
         raise NotImplementedError
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
@@ -81,6 +92,21 @@ class LocalHandle(Handle):
             self.proc.stdin.close()  # EOF: the supervisor stops its task and reports the exit
         except (OSError, ValueError):
             pass
+
+    def begin(self) -> bool:
+        try:
+            self.proc.stdin.write(GO)
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
 
 def _lines(stream) -> Iterable[bytes]:
@@ -134,9 +160,9 @@ class LocalTransport(Transport):
         for proc in calls:
             _kill_group(proc)
 
-    def start(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle:
+    def start(self, plan: TaskPlan, attempt: int, sink: Sink, standby: bool = False) -> Handle:
         proc = subprocess.Popen(
-            plan.supervisor_argv(attempt), cwd=plan.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            plan.supervisor_argv(attempt, standby=standby), cwd=plan.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, **OWN_GROUP,
         )
         try:

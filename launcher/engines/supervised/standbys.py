@@ -1,0 +1,197 @@
+"""Warm standbys: per task, a supervisor for the next attempt, started once the task trains, whose program
+has already imported Python's and TensorFlow's start (worker.task.standby). A restart begins on it instead
+of starting cold. One that dies is replaced (never a failure of the run); all are stopped with the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher.engines.base import Sink
+from launcher.engines.supervised.transport import Handle, Transport
+from launcher.plan import TaskPlan
+from worker import protocol
+
+REPLACEMENTS = 3  # per task and run: a standby that keeps dying (a broken environment) is not started again
+START_AFTER_S = 20.0
+CLOSE_WAIT_S = 5.0  # a standby stops in well under a second (TERM, KILL after 0.5 s)
+TRAINS = (protocol.ProgressState.TRAINING, protocol.ProgressState.DONE)
+
+
+class Relay:
+    """A standby's records: to its keeper until its attempt begins, then to that attempt's sink."""
+
+    def __init__(self, on_standby: Callable[[protocol.Event], None]):
+        self.on_standby = on_standby
+        self.sink: Sink | None = None
+        self.lock = threading.Lock()
+
+    def begin(self, sink: Sink | None) -> None:
+        with self.lock:
+            self.sink = sink
+
+    def event(self, index: int, event: protocol.Event) -> None:
+        with self.lock:
+            sink = self.sink
+        if sink is not None:
+            sink.event(index, event)
+        else:
+            self.on_standby(event)
+
+    def output(self, index: int, lines: list[str], dropped: int) -> None:
+        with self.lock:
+            sink = self.sink
+        if sink is not None:
+            sink.output(index, lines, dropped)
+
+    def garbage(self, index: int, text: str) -> None:
+        with self.lock:
+            sink = self.sink
+        if sink is not None:
+            sink.garbage(index, text)
+
+
+@dataclass
+class Standby:
+    attempt: int
+    plan: TaskPlan  # as it was started: a restart with another plan (its environment) starts cold
+    relay: Relay
+    handle: Handle | None = None
+    gone: bool = False  # its supervisor ended, or it was stopped
+    state: dict = field(default_factory=dict)  # the last Standby record, for status
+
+
+class Standbys:
+    """The standbys of one engine's tasks, at most one per task."""
+
+    def __init__(self, transports: dict[int, Transport], told: Callable[[int, dict | None], None]):
+        self.transports, self.told = transports, told
+        self.now: dict[int, Standby] = {}
+        self.replaced: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.closed = False
+        self.starting: list[threading.Thread] = []
+
+    def want(self, plan: TaskPlan, attempt: int) -> None:
+        """Task `plan.index` trains in attempt `attempt - 1`: keep a standby for `attempt` (started in a thread:
+        this runs on the task's record stream)."""
+        with self.lock:
+            have = self.now.get(plan.index)
+            if self.closed or have is not None and have.attempt == attempt and not have.gone:
+                return
+            standby = self.now[plan.index] = Standby(attempt, plan, Relay(lambda e: self.heard(plan.index, e)))
+        if have is not None:
+            self._stop(have)
+        starting = threading.Thread(target=self._start, args=(standby,), daemon=True)
+        self.starting.append(starting)
+        starting.start()
+
+    def _start(self, standby: Standby) -> None:
+        plan = standby.plan
+        try:
+            handle = self.transports[plan.index].start(plan, standby.attempt, standby.relay, standby=True)
+        except Exception:  # noqa: BLE001 (a host that cannot start one now: a restart starts cold)
+            standby.gone = True
+            return
+        with self.lock:
+            standby.handle = handle
+            late = self.closed or self.now.get(plan.index) is not standby
+        if late:
+            handle.stop()
+            handle.wait(CLOSE_WAIT_S)
+
+    def heard(self, index: int, event: protocol.Event) -> None:
+        """A standby's record before its attempt: its state, or its end (Exit, Lost): replaced, a few times."""
+        with self.lock:
+            standby = self.now.get(index)
+        if standby is None:
+            return
+        if isinstance(event, protocol.Standby):  # pid 0: none now (a program that does not start warm)
+            standby.state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
+            self.told(index, standby.state if event.pid else None)
+            return
+        if not isinstance(event, (protocol.Exit, protocol.Lost)):
+            return
+        with self.lock:
+            if self.now.get(index) is not standby or standby.gone:
+                return
+            standby.gone = True
+            del self.now[index]
+            again = not self.closed and self.replaced.get(index, 0) < REPLACEMENTS
+            if again:
+                self.replaced[index] = self.replaced.get(index, 0) + 1
+        self.told(index, None)
+        if again:
+            self.want(standby.plan, standby.attempt)
+
+    def take(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle | None:
+        """The standby for `attempt` of this task, begun and reporting to `sink`; None: start cold."""
+        with self.lock:
+            standby = self.now.pop(plan.index, None)
+        if standby is None:
+            return None
+        self.told(plan.index, None)
+        usable = standby.handle is not None and not standby.gone and standby.attempt == attempt \
+            and standby.plan == plan
+        if usable:
+            standby.relay.begin(sink)
+            if standby.handle.begin():
+                return standby.handle
+            standby.relay.begin(None)  # its end is no task's
+        self._stop(standby)
+        return None
+
+    def _stop(self, standby: Standby) -> None:
+        standby.gone = True
+        if standby.handle is not None:
+            standby.handle.stop()
+
+    def close(self) -> None:
+        """Stop every standby and wait (a bounded while) until they are gone: when the run's launcher
+        exits, none is left on any host."""
+        with self.lock:
+            self.closed = True
+            left, self.now = list(self.now.values()), {}
+        for standby in left:
+            self._stop(standby)
+            self.told(standby.plan.index, None)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for starting in self.starting:  # one being started now stops itself once started (_start)
+            starting.join(max(0.0, deadline - time.monotonic()))
+        for standby in left:
+            if standby.handle is not None:
+                standby.handle.wait(max(0.0, deadline - time.monotonic()))
+
+
+class Training:
+    """An attempt's sink that says once per task when it trains: the time to start its standby, the task's
+    own start-up past (its progress says "training"; a program that writes none: START_AFTER_S after its
+    start). Never after the task ended."""
+
+    def __init__(self, sink: Sink, trains: Callable[[int], None]):
+        self.sink, self.trains = sink, trains
+        self.started: dict[int, float] = {}
+        self.done: set[int] = set()
+
+    def event(self, index: int, event: protocol.Event) -> None:
+        self.sink.event(index, event)
+        if index in self.done:
+            return
+        if isinstance(event, protocol.Started):
+            self.started[index] = time.monotonic()
+        elif isinstance(event, (protocol.Exit, protocol.Lost)):
+            self.done.add(index)
+        elif index in self.started and (
+                isinstance(event, protocol.Progress) and protocol.ProgressState.of(event.progress) in TRAINS
+                or time.monotonic() - self.started[index] >= START_AFTER_S):
+            self.done.add(index)
+            self.trains(index)
+
+    def output(self, index: int, lines: list[str], dropped: int) -> None:
+        self.sink.output(index, lines, dropped)
+
+    def garbage(self, index: int, text: str) -> None:
+        self.sink.garbage(index, text)

@@ -1,0 +1,101 @@
+"""The task core's side of a standby (worker.task.standby): the next attempt's program, started early and
+held until the core is told to start it. Standard library only, like the core before its task runs."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from worker.host.spawn import BOOT, OWN_GROUP
+from worker.host.system import die_with_parent
+from worker.task import standby
+
+HELD_OUTPUT_MAX = 65536  # what a standby prints while it imports (TensorFlow's start-up lines), kept for the log
+
+
+class Warm:
+    """A program started through worker.task.standby, waiting for "go"."""
+
+    def __init__(self, proc: subprocess.Popen, link: socket.socket):
+        self.proc, self.link = proc, link
+        self.ready_at: float | None = None  # when it said it had imported what it needs
+        self.held = b""
+        os.set_blocking(proc.stdout.fileno(), False)
+
+    @classmethod
+    def start(cls, argv: list[str], env: dict[str, str], cpus: list[int] | None, parent_death: int) -> "Warm | None":
+        """`argv` started warm, or None where it cannot be (not the core's Python: it starts cold)."""
+        warm_argv = standby.warm_argv(argv, BOOT, sys.executable)
+        if warm_argv is None:
+            return None
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(warm_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env={**env, standby.ENV_FD: str(theirs.fileno())},
+                                    pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent(parent_death),
+                                    **OWN_GROUP)
+        except (OSError, ValueError):
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        if cpus:
+            try:
+                os.sched_setaffinity(proc.pid, cpus)
+            except OSError:
+                pass
+        return cls(proc, ours)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def look(self) -> None:
+        """Take what it printed and whether it is ready (never blocks)."""
+        try:
+            chunk = os.read(self.proc.stdout.fileno(), HELD_OUTPUT_MAX)
+        except (BlockingIOError, OSError):
+            chunk = b""
+        self.held = (self.held + chunk)[-HELD_OUTPUT_MAX:]
+        if self.ready_at is None and select.select([self.link], [], [], 0)[0]:
+            try:
+                said = self.link.recv(64)
+            except OSError:
+                said = b""
+            if said.startswith(standby.READY):
+                self.ready_at = time.time()
+
+    def go(self) -> bool:
+        """Start it: True once it was told (its output pipe back to blocking, for the core's pump). The link
+        stays open while the program runs: closed with "ready" unread, it would reset the program's end."""
+        self.look()
+        try:
+            self.link.sendall(standby.GO)
+        except OSError:
+            return False
+        os.set_blocking(self.proc.stdout.fileno(), True)
+        return self.alive
+
+    def stop(self) -> None:
+        """Gone, with all it started (its own group): nothing of a standby is ever left behind."""
+        self.link.close()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
