@@ -19,7 +19,7 @@ from bench.timing import Stat, alternated, paired_ratio
 
 TITLE = "restart cost"
 TARGET = "ratio <= 0.5"  # with standbys: a crash costs at most half a cold start (issue 33)
-EPOCHS, QUICK_EPOCHS = 16, 3  # digits on 2 pinned cores: about 1 s an epoch, so a run lasts about 25 s
+EPOCHS, QUICK_EPOCHS = 16, 8  # digits on 2 pinned cores: about 1 s an epoch; a kill lands mid-run, before fit ends
 EVERY = 5  # a checkpoint every this many steps
 PARTS = (("detected_s", "detected"), ("teardown_s", "teardown"), ("spawn_s", "spawn"),
          ("first_step_s", "to first step"), ("took_s", "in all until the first step"))

@@ -117,8 +117,10 @@ def live_run(cli: Cli, tmp_path, name: str = "cluster.toml") -> str:
     spec = write_spec(tmp_path, training=DIGITS + "\nepochs = 500", name=name)
     r = cli("up", "--detach", spec, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    snap = wait_for(lambda: (s := status_json(cli)) and all(t["global_step"] for t in s["tasks"]) and s,
-                    240, "both tasks to train steps")
+    # samples/s is measured over the last steps: a task has it a few steps after its first
+    snap = wait_for(lambda: (s := status_json(cli)) and all(t["global_step"] and t["samples_per_sec"]
+                                                            for t in s["tasks"]) and s,
+                    240, "both tasks to train steps and measure samples/s")
     return snap["run_id"]
 
 

@@ -152,3 +152,29 @@ def test_ctrl_c_leaves_no_standby(cli, tmp_path):
 
 def test_a_lost_launcher_leaves_no_standby(cli, tmp_path):
     stop_and_see_none_left(cli, tmp_path, lambda up: os.kill(up.pid, signal.SIGKILL))
+
+
+def test_the_built_in_runner_resumes_at_its_checkpoint_from_a_standby_still_importing(cli, tmp_path):
+    """A crash soon after the standbys started: they may still import when the restart begins on them. The
+    restarted attempt resumes at the saved step and trains to the end."""
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    spec = write_spec(tmp_path, 'entrypoint = "hooks:task"\nepochs = 3\ncheckpoint_every_steps = 5',
+                      launch="max_restarts = 1", extra=f'workdir = "{tmp_path}"\n',
+                      env='TF_CPP_MIN_LOG_LEVEL = "2", SLOW = "0.15"')
+
+    def early():  # mid-run (66 steps of 0.15 s or more), each task with a standby, ready or not
+        st = latest_state(cli)
+        if st and st["state"] == "running" and all(
+                10 <= (t.get("progress") or {}).get("global_step", 0) < 50 and t.get("standby") for t in st["tasks"]):
+            return st
+        return None
+
+    code, out = cli.up_while(spec, early, lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL),
+                             "mid-run, a standby for each task", timeout=300)
+    assert code == 0, out
+    st = latest_state(cli)
+    assert st["restarts"] == 1 and all(t["warm"] for t in st["tasks"]), st["tasks"]
+    for t in st["tasks"]:
+        p = t["progress"]
+        assert p["global_step"] == 3 * STEPS and 5 <= p["first_global_step"] < 3 * STEPS, p  # resumed, not from 0
+    assert "resuming at epoch" in out, out

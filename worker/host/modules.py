@@ -14,6 +14,10 @@ from worker.host.files import write_private
 
 _MODULE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*(\.[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*)*$")  # none private
 MODULES_MAX = 20000
+# the frameworks the standby imports itself, as the program would: their lazy parts are theirs to load, when and
+# in the order they choose (a list of names would import Keras 3's modules beside tf_keras's, for one)
+FRAMEWORKS = {"tensorflow", "tf_keras", "keras", "jax", "jaxlib", "tensorboard", "tensorflow_estimator", "ml_dtypes",
+              "flax", "optax", "orbax", "torch", "worker"}
 
 
 def remember(folder: str | None) -> None:
@@ -21,7 +25,7 @@ def remember(folder: str | None) -> None:
     next standby: the imports it does later, lazily (a data loader's), are paid for before a restart too."""
     if not folder:
         return
-    names = [m for m in list(sys.modules) if _MODULE.match(m)]
+    names = [m for m in list(sys.modules) if _MODULE.match(m) and m.partition(".")[0] not in FRAMEWORKS]
     try:
         write_private(Path(folder, layout.MODULES), "\n".join(names[:MODULES_MAX]) + "\n")
     except OSError:
@@ -36,4 +40,4 @@ def remembered() -> list[str]:
     except OSError:
         return []
     names = raw.decode("ascii", "replace").splitlines()[:MODULES_MAX]
-    return [n for n in names if _MODULE.match(n) and n not in sys.modules]
+    return [n for n in names if _MODULE.match(n) and n.partition(".")[0] not in FRAMEWORKS and n not in sys.modules]
