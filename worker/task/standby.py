@@ -28,6 +28,7 @@ import sys
 from worker.host.modules import remembered
 
 ENV_FD = "MGPU_STANDBY_FD"
+ENV_GROUP = "MGPU_STANDBY_GROUP"  # "own": its core leads a session of its own (over SSH: sshd's), its autogroup
 EXIT_NO_START = 70  # EX_SOFTWARE
 READY, GO = b"ready\n", b"go\n"
 MODULE = "worker.task.standby"
@@ -103,20 +104,37 @@ def _threads() -> list[int]:
         return [0]
 
 
-def idle() -> bool:
+def _autogroup(nice: int) -> None:
+    """The nice value of this process's autogroup (its session's share of the CPU against other sessions')."""
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
+
+
+def idle() -> tuple[bool, bool]:
     """Import at the idle priority (only on CPU time the training leaves), where this process may take its
-    priority back at "go" (root, or an RLIMIT_NICE that allows nice 0); elsewhere at the normal one."""
+    priority back at "go" (root, or an RLIMIT_NICE that allows nice 0); elsewhere at the normal one. In a
+    session of its own (over SSH) its autogroup is niced too: the kernel shares the CPU between sessions
+    first, so an idle process of another session would still take half of it."""
+    own = os.environ.pop(ENV_GROUP, "") == "own"
     try:
         back = os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
         if back:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return back
+            if own:
+                _autogroup(19)
+        return back, back and own
     except (OSError, AttributeError, ValueError):
-        return False
+        return False, False
 
 
-def unidle() -> None:
-    """Every thread back to the normal priority (the ones the imports started were started idle too)."""
+def unidle(group: bool) -> None:
+    """Every thread back to the normal priority (the ones the imports started were started idle too), and
+    the autogroup where it was niced."""
+    if group:
+        _autogroup(0)
     for tid in _threads():
         try:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
@@ -143,7 +161,7 @@ def main() -> None:
     form, target, args = Form(sys.argv[1]), sys.argv[2], sys.argv[3:]
     link = socket.socket(fileno=int(os.environ.pop(ENV_FD)))
     os.set_inheritable(link.fileno(), False)
-    idled = idle()
+    idled, group = idle()
     _warm(form, target, args)
     try:
         link.sendall(READY)
@@ -161,7 +179,7 @@ def main() -> None:
         said += data
     link.close()
     if idled:
-        unidle()
+        unidle(group)
     run(form, target, args)
 
 

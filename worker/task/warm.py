@@ -35,8 +35,9 @@ class Warm:
             return None
         ours, theirs = socket.socketpair()
         try:
+            own = {standby.ENV_GROUP: "own"} if os.getsid(0) == os.getpid() else {}  # nothing else in its autogroup
             proc = subprocess.Popen(warm_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env={**env, standby.ENV_FD: str(theirs.fileno())},
+                                    stderr=subprocess.STDOUT, env={**env, standby.ENV_FD: str(theirs.fileno()), **own},
                                     pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent(parent_death),
                                     **OWN_GROUP)
         except (OSError, ValueError):

@@ -82,7 +82,7 @@ class Standbys:
             have = self.now.get(plan.index)
             if self.closed or have is not None and have.attempt == attempt and not have.gone:
                 return
-            standby = self.now[plan.index] = Standby(attempt, plan, Relay(lambda e: self.heard(plan.index, e)))
+            standby = self.now[plan.index] = Standby(attempt, plan, Relay(lambda e: self.heard(standby, e)))
         if have is not None:
             self._stop(have)
         starting = threading.Thread(target=self._start, args=(standby,), daemon=True)
@@ -103,12 +103,12 @@ class Standbys:
             handle.stop()
             handle.wait(CLOSE_WAIT_S)
 
-    def heard(self, index: int, event: protocol.Event) -> None:
+    def heard(self, standby: Standby, event: protocol.Event) -> None:
         """A standby's record before its attempt: its state, or its end (Exit, Lost): replaced, a few times."""
+        index = standby.plan.index
         with self.lock:
-            standby = self.now.get(index)
-        if standby is None:
-            return
+            if self.now.get(index) is not standby:  # taken, stopped or replaced: no longer this task's
+                return
         if isinstance(event, protocol.Standby):  # pid 0: none now (a program that does not start warm)
             standby.state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
             self.told(index, standby.state if event.pid else None)
