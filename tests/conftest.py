@@ -182,6 +182,17 @@ class Cli:
         return subprocess.Popen(self.argv(*args), cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, **kw)
 
+    @contextlib.contextmanager
+    def running(self, *args, **kw):
+        """`popen(*args)`, reaped on the way out whatever happens: a failing test leaves no launcher behind."""
+        proc = self.popen(*args, **kw)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
     def up_while(self, spec, ready, act, what: str, ready_timeout: float = 240, timeout: float = 120):
         """Run `up SPEC`; once ready() gives a value, act(up, value); then (exit code, output).
 

@@ -853,8 +853,7 @@ def test_standbys_over_ssh_restart_warm_and_die_with_a_lost_launcher(cli, th, tm
             return [s["pid"] for s in found]
         return None
 
-    up = cli.popen("up", spec)
-    try:
+    with cli.running("up", spec) as up:
         first = wait_for(lambda: standbys(1), 240, "a ready standby on both hosts")
         os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
         wait_for(lambda: standbys(2), 240, "attempt 1 running, and the standbys for attempt 2")
@@ -862,10 +861,6 @@ def test_standbys_over_ssh_restart_warm_and_die_with_a_lost_launcher(cli, th, tm
         assert st["attempt"] == 1 and [t["pid"] for t in st["tasks"]] == first and all(t["warm"] for t in st["tasks"])
         log = (task_dir(tmp_path, st, 0) / "worker.log").read_text()
         assert "attempt 0 warm False" in log and "attempt 1 warm True" in log, log[-1500:]
-        up.kill()
+        up.kill()  # the launcher lost: kill -9
         up.wait()
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert not wait_gone(tmp_path, 30), "tasks or standbys outlived their launcher"

@@ -39,8 +39,7 @@ def standbys(cli, attempt: int = 1, tasks: int = 2) -> dict | None:
 
 def test_a_kill_9_restarts_from_the_standbys_and_a_dead_standby_is_replaced(cli, tmp_path):
     spec = spec_for(tmp_path, "max_restarts = 1")
-    up = cli.popen("up", spec)
-    try:
+    with cli.running("up", spec) as up:
         first = wait_for(lambda: standbys(cli), 240, "a ready standby for every task")
         os.kill(first[0], signal.SIGKILL)  # the standby itself dies: replaced, and no failure
         second = wait_for(lambda: (s := standbys(cli)) and s[0] != first[0] and s, 180, "task 0's new standby")
@@ -49,10 +48,6 @@ def test_a_kill_9_restarts_from_the_standbys_and_a_dead_standby_is_replaced(cli,
         assert st["attempt"] == 0 and st["restarts"] == 0, "a standby's death counted against the run"
         os.kill(st["tasks"][1]["pid"], signal.SIGKILL)
         out, _ = up.communicate(timeout=400)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert up.returncode == 0, out
     assert "(2 task(s) from standbys)" in out, out
     snap = status_json(cli)
@@ -107,17 +102,12 @@ def script_spec(tmp_path, launch: str = "max_restarts = 1"):
 
 def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, tmp_path):
     spec = script_spec(tmp_path)
-    up = cli.popen("up", spec)
-    try:
+    with cli.running("up", spec) as up:
         ready = wait_for(lambda: standbys(cli), 240, "a ready standby for every task")
         shown = cli("status", timeout=120).stdout
         assert "standbys for attempt 1: task 0 ready (" in shown and "GB in all" in shown, shown
         os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
         out, _ = up.communicate(timeout=300)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert up.returncode == 0, out
     st = latest_state(cli)
     assert [t["pid"] for t in st["tasks"]] == [ready[0], ready[1]] and all(t["warm"] for t in st["tasks"])
@@ -128,15 +118,10 @@ def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, 
 
 def stop_and_see_none_left(cli, tmp_path, stop) -> None:
     spec = script_spec(tmp_path)
-    up = cli.popen("up", spec, start_new_session=True)
-    try:
+    with cli.running("up", spec, start_new_session=True) as up:
         ready = wait_for(lambda: standbys(cli), 240, "a ready standby for every task")
         stop(up)
         up.wait(timeout=120)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert not wait_gone(cli.home, 30)
     assert not [p for p in ready.values() if alive(p)]
 
