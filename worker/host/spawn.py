@@ -6,6 +6,9 @@ waking 20 times a second). Standard library only: the supervisor imports it befo
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 
 OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
@@ -20,3 +23,21 @@ BOOT = ('import runpy,sys;sys.path[:]=filter(None,sys.path);'
 def module_argv(python: str, module: str) -> list[str]:
     """The command line that runs our module `module` (as `python -m` would) with `python`, on any host."""
     return [python, "-c", BOOT, module]
+
+
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """Stop a child that leads its process group: TERM (and CONT, for a stopped one) to the group, KILL to
+    what is left of it after `grace` seconds (also what the leader left in its group)."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -27,7 +27,7 @@ from worker.task.folder import TaskFolder
 from worker.host.system import Meter, die_with_parent, port_holder
 from worker.task.lines import Lines
 from worker.task.warm import Warm
-from worker.host.spawn import OWN_GROUP
+from worker.host.spawn import OWN_GROUP, stop_group
 
 procs: Any = None  # worker.host.procs and worker.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
@@ -364,18 +364,6 @@ class TaskCore:
 
     def stop_task(self, grace: float) -> None:
         _import_rest()  # a stop may come from another thread as the task starts
-        for sig in (signal.SIGTERM, signal.SIGCONT):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # also what the leader left in its group
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, grace)
         if self.run_id:
             procs.stop(procs.of_task(self.run_id, self.index, attempt=self.setup.attempt), 0)

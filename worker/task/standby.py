@@ -26,6 +26,7 @@ import socket
 import sys
 
 from worker.host.modules import remembered
+from worker.host.spawn import BOOT, module_argv
 
 ENV_FD = "MGPU_STANDBY_FD"
 ENV_GROUP = "MGPU_STANDBY_GROUP"  # "own": its core leads a session of its own (over SSH: sshd's), its autogroup
@@ -41,7 +42,7 @@ class Form(str, enum.Enum):
     USER_MODULE = "usermodule"  # a user's module: python -m MODULE ARGS (the folder it runs in first on sys.path)
 
 
-def warm_argv(argv: list[str], boot: str, python: str) -> list[str] | None:
+def warm_argv(argv: list[str], python: str) -> list[str] | None:
     """The program `argv` started through this module, or None where it cannot be (not Python, another
     Python than the task core's, options it would not keep): that program starts cold, as before."""
     if len(argv) < 2 or not _PYTHON.match(os.path.basename(argv[0])) or not _same_python(argv[0], python):
@@ -49,8 +50,8 @@ def warm_argv(argv: list[str], boot: str, python: str) -> list[str] | None:
     rest = list(argv[1:])
     while rest and rest[0] == "-u":  # unbuffered: the core sets PYTHONUNBUFFERED for every task anyway
         rest.pop(0)
-    head = [argv[0], "-c", boot, MODULE]
-    if len(rest) >= 2 and rest[0] == "-c" and rest[1] == boot:
+    head = module_argv(argv[0], MODULE)
+    if len(rest) >= 2 and rest[0] == "-c" and rest[1] == BOOT:
         return head + [Form.MODULE.value, *rest[2:]] if len(rest) >= 3 else None
     if len(rest) >= 2 and rest[0] == "-m":
         return head + [Form.USER_MODULE.value, *rest[1:]]

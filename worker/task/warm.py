@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-from worker.host.spawn import BOOT, OWN_GROUP
+from worker.host.spawn import OWN_GROUP, stop_group
 from worker.host.system import die_with_parent
 from worker.task import standby
 
+STOP_GRACE_S = 0.5  # a standby runs nothing of the user's yet: TERM ends it at once
 HELD_OUTPUT_MAX = 65536  # what a standby prints while it imports (TensorFlow's start-up lines), kept for the log
 
 
@@ -30,7 +30,7 @@ class Warm:
     @classmethod
     def start(cls, argv: list[str], env: dict[str, str], cpus: list[int] | None, parent_death: int) -> "Warm | None":
         """`argv` started warm, or None where it cannot be (not the core's Python: it starts cold)."""
-        warm_argv = standby.warm_argv(argv, BOOT, sys.executable)
+        warm_argv = standby.warm_argv(argv, sys.executable)
         if warm_argv is None:
             return None
         ours, theirs = socket.socketpair()
@@ -85,18 +85,5 @@ class Warm:
     def stop(self) -> None:
         """Gone, with all it started (its own group): nothing of a standby is ever left behind."""
         self.link.close()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(0.5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, STOP_GRACE_S)
         self.proc.wait()

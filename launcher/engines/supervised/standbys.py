@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from launcher.engines.base import Sink
@@ -61,7 +61,6 @@ class Standby:
     relay: Relay
     handle: Handle | None = None
     gone: bool = False  # its supervisor ended, or it was stopped
-    state: dict = field(default_factory=dict)  # the last Standby record, for status
 
 
 class Standbys:
@@ -110,8 +109,8 @@ class Standbys:
             if self.now.get(index) is not standby:  # taken, stopped or replaced: no longer this task's
                 return
         if isinstance(event, protocol.Standby):  # pid 0: none now (a program that does not start warm)
-            standby.state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
-            self.told(index, standby.state if event.pid else None)
+            state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
+            self.told(index, state if event.pid else None)
             return
         if not isinstance(event, (protocol.Exit, protocol.Lost)):
             return
