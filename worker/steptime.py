@@ -5,13 +5,18 @@ the step, where it waits for its peers (the gradients' all-reduce, and the metri
 once every local gradient is computed (the gradients pass it before their all-reduce starts). The host
 notes when each `train_function` call begins and ends (`time.time()`, the same clock). Per step:
 own work = gradients ready - step begun; wait = step ended - gradients ready. Summed as offsets from a
-base time in two variables, read once per progress window.
+base time in two variables, read once per progress window. The figures given out are the means over about
+the last SPAN_S seconds of steps (from the last window start at least that long ago): on a shared host a
+task is slower for a second or two now and then (a collection, a neighbour's burst), which names no straggler.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections import deque
+
+SPAN_S = 10.0
 
 
 class StepClock:
@@ -26,7 +31,7 @@ class StepClock:
             self.readies = tf.Variable(0, dtype=tf.int64, trainable=False, name="mgpu_grads_ready_n")
         self._began: float | None = None
         self._sums = [0.0, 0.0, 0]  # host: sum of begin, sum of end (s after base), steps
-        self._mark: tuple | None = None  # the sums when the window began
+        self._marks: deque[tuple[float, tuple]] = deque()  # (time, the sums) at each window's start
         self.compute_ms: float | None = None
         self.wait_ms: float | None = None
 
@@ -70,20 +75,22 @@ class StepClock:
         self._sums[1] += time.time() - self.base
         self._sums[2] += 1
         self._began = None
-        if self._mark is None:  # the first step traces the function and meets the peers: not counted
-            self._mark = self._now()
+        if not self._marks:  # the first step traces the function and meets the peers: not counted
+            self._marks.append((time.time(), self._now()))
 
     def _now(self) -> tuple:
         return (*self._sums, float(self.ready_s.numpy()), int(self.readies.numpy()))
 
     def window(self, min_steps: int = 3) -> tuple[float | None, float | None]:
-        """(compute_ms, wait_ms) per step, means since the last window (of at least `min_steps` steps;
-        else the last window's figures stand)."""
-        if self._mark is None or self._sums[2] - self._mark[2] < min_steps:
+        """(compute_ms, wait_ms) per step, means since the last window start at least SPAN_S seconds ago (a
+        window: at least `min_steps` steps since the last; else the figures given last stand)."""
+        if not self._marks or self._sums[2] - self._marks[-1][1][2] < min_steps:
             return self.compute_ms, self.wait_ms
-        now = self._now()
-        began, ended, steps, ready, readies = (a - b for a, b in zip(now, self._mark))
-        self._mark = now
+        now, at = self._now(), time.time()
+        while len(self._marks) > 1 and self._marks[1][0] <= at - SPAN_S:
+            self._marks.popleft()
+        began, ended, steps, ready, readies = (a - b for a, b in zip(now, self._marks[0][1]))
+        self._marks.append((at, now))
         if readies <= 0:  # no gradients went through the optimizer (a custom step): no split
             return self.compute_ms, self.wait_ms
         began, ended, ready = began / steps, ended / steps, ready / readies
