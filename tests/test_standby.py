@@ -86,6 +86,8 @@ SCRIPT = """
 import json, os, sys, time
 d = os.environ["MGPU_RUN_DIR"]
 print("script", __name__, sys.argv[1:], "tensorflow" in sys.modules, os.environ["MGPU_ATTEMPT"], flush=True)
+print("cores of every thread", sorted({c for t in os.listdir("/proc/self/task") for c in os.sched_getaffinity(int(t))}),
+      flush=True)
 with open(os.path.join(d, ".p"), "w") as f:
     json.dump({"state": "training", "global_step": 1, "time": time.time()}, f)
 os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
@@ -94,16 +96,18 @@ if os.environ["MGPU_ATTEMPT"] == "0":  # the first attempt waits for the test (w
 """
 
 
-def script_spec(tmp_path, launch: str = "max_restarts = 1"):
+def script_spec(tmp_path, launch: str = "max_restarts = 1", each: str = ""):
     (tmp_path / "train.py").write_text(SCRIPT)
     return write_spec(tmp_path, f'command = ["{sys.executable}", "train.py", "--lr", "0.1"]', launch=launch,
-                      extra=f'workdir = "{tmp_path}"\n')
+                      extra=f'workdir = "{tmp_path}"\n', each=each)
 
 
 def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, tmp_path):
-    spec = script_spec(tmp_path)
+    spec = script_spec(tmp_path, each="cpus = [{i}]\n")
     with cli.running("up", spec) as up:
         ready = wait_for(lambda: standbys(cli), 240, "a ready standby for every task")
+        # a standby imports on any core (what idle time the host has), and takes its task's cores at go
+        assert all(os.sched_getaffinity(pid) == os.sched_getaffinity(0) for pid in ready.values())
         shown = cli("status", timeout=120).stdout
         assert "standbys for attempt 1: task 0 ready (" in shown and "GB in all" in shown, shown
         os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
@@ -113,6 +117,7 @@ def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, 
     assert [t["pid"] for t in st["tasks"]] == [ready[0], ready[1]] and all(t["warm"] for t in st["tasks"])
     log = (run_dir(tmp_path, st, 1) / "worker.log").read_text()
     assert "script __main__ ['--lr', '0.1'] True 1" in log, log[-2000:]
+    assert log.count("cores of every thread [1]") == 2, log[-2000:]  # the cold attempt's, and the warm one's
     assert "script __main__ ['--lr', '0.1'] False 0" in log  # the first attempt started cold, as ever
 
 

@@ -21,8 +21,8 @@ HELD_OUTPUT_MAX = 65536  # what a standby prints while it imports (TensorFlow's 
 class Warm:
     """A program started through worker.task.standby, waiting for "go"."""
 
-    def __init__(self, proc: subprocess.Popen, link: socket.socket):
-        self.proc, self.link = proc, link
+    def __init__(self, proc: subprocess.Popen, link: socket.socket, cpus: list[int] | None):
+        self.proc, self.link, self.cpus = proc, link, cpus
         self.ready_at: float | None = None  # when it said it had imported what it needs
         self.held = b""
         os.set_blocking(proc.stdout.fileno(), False)
@@ -45,12 +45,7 @@ class Warm:
             return None
         finally:
             theirs.close()
-        if cpus:
-            try:
-                os.sched_setaffinity(proc.pid, cpus)
-            except OSError:
-                pass
-        return cls(proc, ours)
+        return cls(proc, ours, cpus)
 
     @property
     def alive(self) -> bool:
@@ -75,12 +70,28 @@ class Warm:
         """Start it: True once it was told (its output pipe back to blocking, for the core's pump). The link
         stays open while the program runs: closed with "ready" unread, it would reset the program's end."""
         self.look()
+        self.pin()
         try:
             self.link.sendall(standby.GO)
         except OSError:
             return False
         os.set_blocking(self.proc.stdout.fileno(), True)
         return self.alive
+
+    def pin(self) -> None:
+        """The task's cores for every thread it has (importing TensorFlow starts a few). Until now it ran on
+        any core, at idle priority: its import takes what idle time the whole host has, not its task's."""
+        if not self.cpus:
+            return
+        try:
+            threads = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            threads = [str(self.proc.pid)]
+        for tid in threads:
+            try:
+                os.sched_setaffinity(int(tid), self.cpus)
+            except (OSError, ValueError):
+                pass
 
     def stop(self) -> None:
         """Gone, with all it started (its own group): nothing of a standby is ever left behind."""
