@@ -331,25 +331,61 @@ def test_ctrl_c_during_preflight_is_130_and_recorded(cli, tmp_path):
 
 STUBBORN = """
 import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as TensorFlow does: stop_grace, then KILL
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as TensorFlow blocked in a collective: only KILL ends it
 print("ready", flush=True)
-time.sleep(1.0 if os.environ["MGPU_TASK_INDEX"] == "1" else 600)
+time.sleep(float(sys.argv[1]) if os.environ["MGPU_TASK_INDEX"] == "1" else 600)
 sys.exit(3)
 """
 
 
+def stubborn(tmp_path: Path, task_1_s: float) -> str:
+    return script(tmp_path, "stubborn.py", STUBBORN).replace("]", f', "{task_1_s}"]')
+
+
+def test_a_failed_tasks_peers_are_killed_at_once_and_a_down_keeps_stop_grace(cli, tmp_path):
+    """A failed task's peers cannot save with it: KILL 0.2 s after their TERM, whatever stop_grace says
+    (TensorFlow's survivor waits in the all-reduce for its dead peer); `down` gives them stop_grace."""
+    spec = write_spec(tmp_path, stubborn(tmp_path, 1.0), launch="stop_grace = 30")
+    began = time.monotonic()
+    r = cli("up", spec, timeout=120)
+    took = time.monotonic() - began
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "task 1 (localhost:" in out and "exited with code 3" in out, out
+    assert "stopping task (a peer failed: the launcher stops the group; KILL after 0.2 s)" in out, out
+    assert took < 25, f"{took:.1f} s: the survivor waited out stop_grace (30 s)"
+    assert not wait_gone(cli.home, 5)
+
+    spec = write_spec(tmp_path, stubborn(tmp_path, 600), launch="stop_grace = 2", name="both.toml")
+    assert cli("up", "--detach", spec, timeout=120).returncode == 0
+    st = wait_for(lambda: (s := latest_state(cli)) and all(t.get("pid") for t in s["tasks"]) and s, 60, "both tasks")
+    assert cli("down", timeout=120).returncode == 0
+    assert not wait_gone(cli.home, 5)
+    for t in st["tasks"]:
+        log = (Path(t["run_dir"]) / "worker.log").read_text()
+        assert "KILL after 2 s)" in log and "KILL after 0.2 s" not in log, log
+
+
 def test_ctrl_c_during_teardown_finishes_it_and_exits_130(cli, tmp_path):
-    spec = write_spec(tmp_path, script(tmp_path, "stubborn.py", STUBBORN), launch="stop_grace = 4")
+    """A teardown that waits: task 0's supervisor does not answer (stopped), so its stop is not confirmed."""
+    spec = write_spec(tmp_path, stubborn(tmp_path, 3.0))
     up = cli.popen("up", spec)
-    lines = []
-    for line in up.stdout:
-        lines.append(line)
-        if "stopping 1 task(s)" in line:
-            break
-    up.send_signal(signal.SIGINT)
-    up.send_signal(signal.SIGINT)  # twice: still no half-done teardown
-    out, _ = up.communicate(timeout=60)
+    lines, held = [], None
+    try:
+        for line in up.stdout:
+            lines.append(line)
+            if held is None and line.count("ready") and (st := latest_state(cli)) and st["tasks"][0].get("supervisor_pid"):
+                held = st["tasks"][0]["supervisor_pid"]
+                os.kill(held, signal.SIGSTOP)
+            if "stopping 1 task(s)" in line:
+                break
+        up.send_signal(signal.SIGINT)
+        up.send_signal(signal.SIGINT)  # twice: still no half-done teardown
+        out, _ = up.communicate(timeout=60)
+    finally:
+        if held and alive(held):
+            os.kill(held, signal.SIGCONT)
     out = "".join(lines) + out
+    assert held, out
     assert up.returncode == 130, out
     assert "already stopping" in out and not launcher_traceback(out)
     st = latest_state(cli)

@@ -213,8 +213,9 @@ class Launching(ABC):
         once the tasks are on their way (a scheduler: once its job left the queue)."""
 
     @abstractmethod
-    def stop(self, indices: list[int]) -> None:
-        """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink."""
+    def stop(self, indices: list[int], broken: bool = False) -> None:
+        """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink. `broken`: a peer
+        failed, so no save with the group can land: where the engine can, the tasks skip their stop_grace."""
 
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took

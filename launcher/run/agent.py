@@ -252,7 +252,7 @@ class Agent:
             return self.end_attempt(Outcome.PREEMPTED, reason)
         self.out.say(f"attempt {live.number} failed: stopping every task")
         with interrupts.shield(self.out.say):
-            self.teardown("another task failed")
+            self.teardown("another task failed", broken=True)
         return self.end_attempt(Outcome.FAILED, failure.message, failure)
 
     def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> Attempt:
@@ -264,12 +264,12 @@ class Agent:
             self.owner.save()
         return current
 
-    def teardown(self, reason: str) -> list[int]:
+    def teardown(self, reason: str, broken: bool = False) -> list[int]:
         """Stop the current attempt's live tasks (see teardown.py); the ones that could not be reached."""
         if self.current is None or not self.current.live:
             return []
         unreached = teardown.teardown(self.engine, self.run, self.current, reason, self.spec.launch.stop_grace,
-                                      self.out.say)
+                                      self.out.say, broken)
         self.owner.save()
         return unreached
 

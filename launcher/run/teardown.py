@@ -46,13 +46,15 @@ def collect(run: RunRecord, live: LiveAttempt, seconds: float, say: Say) -> None
             say(f"{watch.label(run, index)}: {ev.text}")
 
 
-def teardown(engine: Launching, run: RunRecord, live: LiveAttempt, reason: str, grace: float, say: Say) -> list[int]:
+def teardown(engine: Launching, run: RunRecord, live: LiveAttempt, reason: str, grace: float, say: Say,
+             broken: bool = False) -> list[int]:
     """Stop every live task of the attempt, then wait (bounded) for each one's exit report; past that,
-    stop the rest from their folders. Returns the tasks that could not be reached to stop them."""
+    stop the rest from their folders. Returns the tasks that could not be reached to stop them. `broken`:
+    a task failed, so the rest cannot save with it (Launching.stop)."""
     if not live.live:
         return []
     say(f"stopping {len(live.live)} task(s): {reason}")
-    engine.stop(live.live)
+    engine.stop(live.live, broken)
     collect(run, live, grace + SLACK_S, say)
     unreached = []
     stuck = live.live

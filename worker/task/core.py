@@ -33,6 +33,7 @@ procs: Any = None  # worker.host.procs and worker.protocol: imported once the ta
 protocol: Any = None
 
 GRACE_S = 1.0
+BROKEN_GRACE_S = 0.2  # a broken group's stop: a peer failed, so a save with the group cannot land
 # progress.json is read about once a second: each wake-up takes a core from the training (4 a second cost ~2% of
 # the steps on 2 cores); each read 0.5 to 1.5 s after the last, or epochs of about 1 s are read at one step each
 PROGRESS_POLL_S, POLL_JITTER = 1.0, 0.5
@@ -77,6 +78,7 @@ class TaskCore:
         self.lines = Lines()
         self.last_progress = b""
         self.notice = ""  # the signal that gave notice, if one did
+        self.grace = setup.grace  # TERM to KILL, as the stop asked
         self.folder = TaskFolder(setup.run_dir, self.tell)
         self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
         self.index = setup.env.get("MGPU_TASK_INDEX", "")
@@ -156,7 +158,7 @@ class TaskCore:
                                    host=s.host, port=s.report_port, warm=warm))
         self.send_notes()
         if self.stopping.is_set():  # a stop that came while we were starting
-            self.stop_task(s.preempt_grace if self.notice else s.grace)
+            self.stop_task(self.grace)
         threading.Thread(target=self.watch, daemon=True).start()
         code = self.proc.wait()
         self.folder.write(layout.EXIT_CODE, f"{code}\n")  # before any send: a send may block (a cut-off link)
@@ -348,9 +350,10 @@ class TaskCore:
         self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
 
     # ---- stopping
-    def stop(self, reason: str, notice: str = "") -> None:
+    def stop(self, reason: str, notice: str = "", broken: bool = False) -> None:
         """Stop the task: TERM to its group, KILL after grace. A `notice` (the signal's name: a host or
-        scheduler taking the machine) gets preempt_grace, and the task's end is a preemption."""
+        scheduler taking the machine) gets preempt_grace, and the task's end is a preemption; a `broken`
+        group's (a peer failed: a save with it cannot land) at most BROKEN_GRACE_S."""
         # a notice after a stop (Slurm's TERM after our INT) is no preemption; one after the task ended is nothing
         if self.stopping.is_set() or self.proc is not None and self.proc.poll() is not None:
             return
@@ -358,9 +361,10 @@ class TaskCore:
         self.woken.set()
         self.notice = notice
         grace = self.setup.preempt_grace if notice else self.setup.grace
-        self.note(f"stopping task ({reason}; KILL after {grace:g} s)")
+        self.grace = min(grace, BROKEN_GRACE_S) if broken and not notice else grace
+        self.note(f"stopping task ({reason}; KILL after {self.grace:g} s)")
         if self.proc is not None:  # else run() stops it right after starting it
-            self.stop_task(grace)
+            self.stop_task(self.grace)
 
     def stop_task(self, grace: float) -> None:
         _import_rest()  # a stop may come from another thread as the task starts

@@ -35,6 +35,10 @@ from worker.task.core import GRACE_S, TaskCore, TaskSetup
 from worker.task.signals import Signals
 from worker.task.standby import GO
 
+# Said on our stdin just before its end (EOF) at a failure's teardown: a peer failed, so no save with the
+# group can land (it needs every task); the task gets TERM and KILL after core.BROKEN_GRACE_S, not its grace.
+BROKEN = b"broken\n"
+
 
 def read_env_line() -> tuple[dict[str, str] | None, bytes]:
     """The first line of stdin as the task's environment; the rest of what was read. None when stdin
@@ -56,12 +60,10 @@ def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> Non
     """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone. A
     standby's supervisor also waits here for the line "go": its attempt begins."""
     last = time.monotonic()
-    data = said
+    said = said[-16:]  # the last words said (the launcher's keepalives are empty lines)
     while True:
-        if sup.setup.standby and not sup.begun.is_set():
-            said = (said + data)[-16:]  # the launcher's keepalives are empty lines
-            if GO in said:
-                sup.begin()
+        if sup.setup.standby and not sup.begun.is_set() and GO in said:
+            sup.begin()
         if lifeline and not select.select([0], [], [], 1.0)[0]:
             if time.monotonic() - last > lifeline:
                 return sup.stop(f"no word from the launcher for {lifeline:g} s")
@@ -71,7 +73,10 @@ def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> Non
         except OSError:
             data = b""
         if not data:
+            if BROKEN in said:
+                return sup.stop("a peer failed: the launcher stops the group", broken=True)
             return sup.stop("the launcher stopped it, or went away")
+        said = (said + data)[-16:]
         last = time.monotonic()
 
 

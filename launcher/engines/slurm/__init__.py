@@ -96,8 +96,8 @@ class SlurmEngine(Engine, Launching, Inspecting):
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         return self.job.verdict(attempt, self.notices)
 
-    def stop(self, indices: list[int]) -> None:
-        self.job.cancel()
+    def stop(self, indices: list[int], broken: bool = False) -> None:
+        self.job.cancel()  # Slurm signals the tasks itself: with stop_grace, broken or not
         if self.follower is None and self.sink is not None:
             # the attempt's job never left the queue: no task ran, so none can report; said now, once
             why = (f"its Slurm job {self.job.job_id} was cancelled before it ran" if self.job.job_id else

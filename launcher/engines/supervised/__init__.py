@@ -84,11 +84,11 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         results = parallel(one, self.plans)
         return {p.index: str(r.error) for p, r in zip(self.plans, results) if not r.ok}
 
-    def stop(self, indices: list[int]) -> None:
+    def stop(self, indices: list[int], broken: bool = False) -> None:
         for i in indices:
             handle = self.handles.pop(i, None)
             if handle is not None:
-                handle.stop()
+                handle.stop(broken)
 
     def _grouped(self, indices: list[int], fn) -> list[Result[dict]]:
         """fn(transport, plans) once per host, in parallel; per task, in the order of `indices`."""

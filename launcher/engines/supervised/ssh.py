@@ -28,6 +28,7 @@ from worker.host import layout
 from worker.host.files import READ_MAX_BYTES
 from worker.host.spawn import module_argv
 from worker.task.standby import GO
+from worker.task.supervised import BROKEN
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -38,9 +39,11 @@ class SSHHandle(Handle):
     def __init__(self, channel: paramiko.Channel, owner: "SSHTransport"):
         self.channel, self.owner = channel, owner
 
-    def stop(self) -> None:
+    def stop(self, broken: bool = False) -> None:
         self.owner.forget(self.channel)
         try:
+            if broken:
+                self.channel.sendall(BROKEN)
             self.channel.shutdown_write()  # EOF on the supervisor's stdin: the supervisor stops its task
         except (OSError, EOFError, paramiko.SSHException):
             pass

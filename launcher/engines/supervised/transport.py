@@ -20,6 +20,7 @@ from worker.host import layout
 from worker.host.files import read_log
 from worker.host.spawn import OWN_GROUP
 from worker.task.standby import GO
+from worker.task.supervised import BROKEN
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -37,7 +38,8 @@ class Handle:
     """A started task; `stop()` asks its supervisor to stop it (idempotent). A standby's: `begin()` starts
     its attempt (False when that could not be said: its supervisor is gone)."""
 
-    def stop(self) -> None:
+    def stop(self, broken: bool = False) -> None:
+        """`broken`: its group is (worker.task.supervised.BROKEN): TERM and KILL at once, not after its grace."""
         raise NotImplementedError
 
     def begin(self) -> bool:
@@ -87,8 +89,10 @@ class LocalHandle(Handle):
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
 
-    def stop(self) -> None:
+    def stop(self, broken: bool = False) -> None:
         try:
+            if broken:
+                self.proc.stdin.write(BROKEN)
             self.proc.stdin.close()  # EOF: the supervisor stops its task and reports the exit
         except (OSError, ValueError):
             pass
