@@ -57,8 +57,9 @@ def read_env_line() -> tuple[dict[str, str] | None, bytes]:
 
 
 def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> None:
-    """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone. A
-    standby's supervisor also waits here for the line "go": its attempt begins."""
+    """EOF on stdin, or silence past the lifeline: the launcher (or the connection to it) is gone, or stops
+    us (after BROKEN: a peer failed). A standby's supervisor also waits here for the line "go": its attempt
+    begins."""
     last = time.monotonic()
     said = said[-16:]  # the last words said (the launcher's keepalives are empty lines)
     while True:
