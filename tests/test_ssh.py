@@ -288,7 +288,9 @@ def test_crashed_host_stops_the_others_and_is_named(cli, th, tmp_path):
 
 @needs_root
 def test_kill_9_of_a_remote_training_process_is_a_killed_failure(cli, th, tmp_path):
-    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 120, "stop_grace": 30})
+    """The built-in runner: its survivor gets KILL 0.2 s after TERM (its save needs the dead task), not stop_grace."""
+    spec = write_spec(tmp_path, th.addresses[:2], {"entrypoint": "worker.examples.digits:task", "epochs": 300},
+                      launch={"heartbeat_timeout": 120, "stop_grace": 30})
     code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path),
                              lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL), "2 tasks progressing",
                              ready_timeout=120)

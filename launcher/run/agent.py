@@ -252,7 +252,9 @@ class Agent:
             return self.end_attempt(Outcome.PREEMPTED, reason)
         self.out.say(f"attempt {live.number} failed: stopping every task")
         with interrupts.shield(self.out.say):
-            self.teardown("another task failed", broken=True)
+            # the built-in runner's TERM is a save with the whole group, which cannot land now; a `command`
+            # keeps its stop_grace (it may clean up on TERM)
+            self.teardown("another task failed", broken=self.spec.training.entrypoint is not None)
         return self.end_attempt(Outcome.FAILED, failure.message, failure)
 
     def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> Attempt:
