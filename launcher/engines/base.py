@@ -215,8 +215,8 @@ class Launching(ABC):
     @abstractmethod
     def stop(self, indices: list[int], broken: bool = False) -> None:
         """Ask these live tasks to stop now; each one's Exit (or Lost) follows on the sink. `broken`: a peer
-        failed, so the built-in runner's save with the group cannot land: where the engine can, the tasks get
-        KILL shortly after TERM, not after stop_grace."""
+        failed and these tasks' TERM is a save with the whole group (the built-in runner's), which cannot land:
+        where the engine can, KILL follows TERM shortly, not after stop_grace."""
 
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took

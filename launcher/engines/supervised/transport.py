@@ -39,7 +39,7 @@ class Handle:
     its attempt (False when that could not be said: its supervisor is gone)."""
 
     def stop(self, broken: bool = False) -> None:
-        """`broken`: its group is (worker.task.supervised.BROKEN): KILL shortly after TERM, not after its grace."""
+        """`broken`: see Launching.stop; said as worker.task.supervised.BROKEN before the EOF."""
         raise NotImplementedError
 
     def begin(self) -> bool:
