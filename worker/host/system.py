@@ -3,6 +3,7 @@ free space. Standard library only at import (psutil is imported where it is used
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -63,16 +64,27 @@ def port_holder(port: int) -> str | None:
     return f"pid {found['pid']} ({found['name'] or '?'}: {(found['cmdline'] or '')[:200]})"
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A preexec_fn that gives the child `sig` when its parent (the core) dies (Linux; None elsewhere).
-    libc is looked up here, not in the child between fork and exec."""
+def die_with_parent(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Callable[[], None] | None:
+    """A preexec_fn that gives the child `sig` when its parent (the core) dies (Linux; None elsewhere), and pins
+    it to `cpus` before its exec, so that no thread of it ever runs elsewhere (a pin the child cannot take is left
+    to the parent's own `sched_setaffinity`, which says why). libc is looked up here, not in the child."""
     try:
         import ctypes
 
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, sig)  # PR_SET_PDEATHSIG
+        prctl = None
+
+    def child() -> None:
+        if prctl is not None:
+            prctl(1, sig)  # PR_SET_PDEATHSIG
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+
+    return child if prctl is not None or cpus else None
 
 
 def tree_rss(proc) -> int:

@@ -134,7 +134,7 @@ class TaskCore:
             try:
                 self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, env=self.program_env,
-                                             preexec_fn=die_with_parent(s.parent_death), **OWN_GROUP)
+                                             preexec_fn=die_with_parent(s.parent_death, s.cpus), **OWN_GROUP)
             except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
                 why = exc.strerror if isinstance(exc, OSError) else str(exc)
                 return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
