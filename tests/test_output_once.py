@@ -116,6 +116,21 @@ def test_an_abort_seen_only_at_the_end_of_its_traceback_takes_the_traceback_back
     assert shown(w.drain()) == ["task0-1 | epoch 2 done", f"task0-1 | {ABORTED}"]
 
 
+def test_the_supervisors_stop_note_inside_an_abort_is_shown_and_the_traceback_after_it_still_hidden():
+    """The supervisor's stop note may come between TensorFlow's abort line and its traceback (CI saw it
+    over SSH): the note is shown, the abort stays one line."""
+    stop = "[mgpu task] stopping task (a peer failed; KILL after 0.2 s)"
+    w = Window()
+    w.add(0, "h", ["epoch 2 done", ABORT_LOG[0], stop, *ABORT_LOG[1:], "[mgpu task] killed"], now=0.0)
+    assert shown(w.drain()) == ["task0 h | epoch 2 done", f"task0 h | {ABORTED}", f"task0 h | {stop}",
+                                "task0 h | [mgpu task] killed"]
+    assert w.hidden[0] == len(ABORT_LOG)
+    traceback = ABORT_LOG[ABORT_LOG.index("Traceback (most recent call last):"):]
+    w = Window()  # no C++ line first: the note inside the traceback held so far does not stop its taking back
+    w.add(1, "h", ["epoch 2 done", *traceback[:3], stop, *traceback[3:]], now=0.0)
+    assert shown(w.drain()) == ["task1 h | epoch 2 done", f"task1 h | {stop}", f"task1 h | {ABORTED}"]
+
+
 def test_verbose_shows_an_abort_whole():
     w = Window(collapse=False)
     w.add(0, "h", ABORT_LOG, now=0.0)

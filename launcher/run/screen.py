@@ -10,6 +10,8 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from worker.task.lines import NOTE
+
 WINDOW_S = 0.5  # how long a line waits for the same line from other tasks
 HELD_MAX = 2000  # lines held at most: beyond, the oldest is shown at once (a flood is never held up)
 JOIN_BACK = 32  # how far back a line may join the same line of other tasks, moving its own lines before it
@@ -174,6 +176,8 @@ class Window:
             if ABORT_REST.match(line) or ABORT.search(line):
                 self.hidden[index] += 1
                 return True
+            if line.startswith(NOTE):  # its supervisor's stop, told while the task still prints the abort
+                return False
             self.aborting.discard(index)  # a line of its own again: the abort is over
             return False
         if not ABORT.search(line):
@@ -187,7 +191,7 @@ class Window:
         """The task's traceback held so far (an abort seen only at its end): taken off the screen; how many."""
         taken: list[Entry] = []
         for entry in reversed(self.held):
-            if index not in entry.tasks:
+            if index not in entry.tasks or entry.text.startswith(NOTE):
                 continue
             if entry.note or not ABORT_REST.match(entry.text):
                 break

@@ -25,7 +25,7 @@ from worker.task.channel import Channel
 from worker.host import layout
 from worker.task.folder import TaskFolder
 from worker.host.system import Meter, die_with_parent, port_holder
-from worker.task.lines import Lines
+from worker.task.lines import NOTE, Lines
 from worker.task.warm import Warm
 from worker.host.spawn import OWN_GROUP, stop_group
 
@@ -91,7 +91,7 @@ class TaskCore:
 
     def note(self, text: str) -> None:
         """A line of our own, shown with the task's output and kept in its log."""
-        line = f"[mgpu task] {text}"
+        line = NOTE + text
         self.folder.log_write((line + "\n").encode())
         self.lines._add([line])
 

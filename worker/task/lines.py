@@ -13,6 +13,7 @@ PENDING_MAX_LINES = 2000
 TAIL_LINES = 20
 TAIL_BYTES = 8192  # the exit report's tail, encoded: it must not hold up fail-fast on a slow link
 CUT = " [... line cut; whole in worker.log]"
+NOTE = "[mgpu task] "  # a line of the supervisor's own among its task's output (a stop, a kill, a refusal)
 
 
 def encoded(line: str) -> int:
