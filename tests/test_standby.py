@@ -96,10 +96,10 @@ if os.environ["MGPU_ATTEMPT"] == "0":  # the first attempt waits for the test (w
 """
 
 
-def script_spec(tmp_path, launch: str = "max_restarts = 1", each: str = ""):
+def script_spec(tmp_path, launch: str = "max_restarts = 1", each: str = "", env: str = 'TF_CPP_MIN_LOG_LEVEL = "2"'):
     (tmp_path / "train.py").write_text(SCRIPT)
     return write_spec(tmp_path, f'command = ["{sys.executable}", "train.py", "--lr", "0.1"]', launch=launch,
-                      extra=f'workdir = "{tmp_path}"\n', each=each)
+                      extra=f'workdir = "{tmp_path}"\n', each=each, env=env)
 
 
 def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, tmp_path):
@@ -119,6 +119,34 @@ def test_a_users_script_restarts_in_its_standby_as_main_with_its_arguments(cli, 
     assert "script __main__ ['--lr', '0.1'] True 1" in log, log[-2000:]
     assert log.count("cores of every thread [1]") == 2, log[-2000:]  # the cold attempt's, and the warm one's
     assert "script __main__ ['--lr', '0.1'] False 0" in log  # the first attempt started cold, as ever
+
+
+def test_a_standby_that_keeps_dying_is_told_and_the_restart_starts_cold(cli, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(  # every standby of this run dies at its start, saying why
+        'import os\nif "MGPU_STANDBY_FD" in os.environ:\n    print("no standby on this host", flush=True)\n'
+        "    os._exit(3)\n")
+    spec = script_spec(tmp_path, env=f'PYTHONPATH = "{site}"')
+    told = "its standby for attempt 1 ended with code 3 (no standby on this host), 3 times in all: none is started again"
+
+    def said() -> bool:
+        st = latest_state(cli)
+        log = cli.home / "runs" / st["run_id"] / "launcher.log" if st else None
+        return bool(log and log.exists() and log.read_text().count(told) == 2 and st)
+
+    with cli.running("up", spec) as up:
+        wait_for(said, 120, "both tasks' standbys given up, in the launcher's log")
+        os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    st = latest_state(cli)
+    lines = (cli.home / "runs" / st["run_id"] / "launcher.log").read_text().splitlines()
+    for i in range(2):  # the screen says it as the log does (a long line may wrap there)
+        assert any(f"task {i} (localhost:" in line and told in line for line in lines), lines
+    assert "no standby on this host" in out, out
+    assert st["restarts"] == 1 and not any(t["warm"] for t in st["tasks"]), st["tasks"]
+    assert not wait_gone(cli.home, 5)
 
 
 def stop_and_see_none_left(cli, tmp_path, stop) -> None:

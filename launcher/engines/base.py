@@ -197,6 +197,8 @@ class Launching(ABC):
     on_job: Callable[[dict], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
     # told what each task's standby is now ({pid, ready, rss, attempt}; None: it has none)
     on_standby: Callable[[int, dict | None], None] = staticmethod(lambda _index, _standby: None)
+    # told a line about a task from outside its attempt (its standby, given up on), to show as the task's
+    on_note: Callable[[int, str], None] = staticmethod(lambda _index, _text: None)
 
     @abstractmethod
     def preflight(self, base: Path | None, say: Callable[[str], None], for_start: bool = False) -> list[TaskCheck]:

@@ -45,8 +45,11 @@ class Agent:
         self.marks: phases.Phases | None = None  # the current attempt's phases (phases.py)
         self.carried: dict[str, float] = {}  # what the attempt before gives the next one's phases
         owner.warn = out.say
-        engine.on_job = self.job_known
-        engine.on_standby = self.standby_known
+        self.listen(engine)
+
+    def listen(self, engine: Engine) -> None:
+        """What `engine` tells outside an attempt's records comes here."""
+        engine.on_job, engine.on_standby, engine.on_note = self.job_known, self.standby_known, self.note_known
 
     def job_known(self, job: dict) -> None:
         """A scheduler's job for the run (its id while it waits in the queue): recorded at once."""
@@ -57,6 +60,11 @@ class Agent:
         """A task's standby as its engine last heard of it (on the engine's thread: the next save keeps it)."""
         if not self.run.ended:
             self.run.task(index).standby = standby
+
+    def note_known(self, index: int, text: str) -> None:
+        """A line about a task from outside its attempt (on the engine's thread)."""
+        if not self.run.ended:
+            self.out.say(f"{watch.label(self.run, index)}: {text}")
 
     # -- the policy: attempt -> (succeeded | preempted | shrink | restart | failed), teardown always
     def execute(self) -> None:
@@ -140,7 +148,7 @@ class Agent:
         ended.outcome = Outcome.SHRUNK
         self.engine.close()
         self.engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
-        self.engine.on_job, self.engine.on_standby = self.job_known, self.standby_known
+        self.listen(self.engine)
         return True
 
     # -- one attempt

@@ -180,8 +180,11 @@ class TaskCore:
         while not self.begun.is_set() and not self.stopping.is_set():
             if self.warm is not None and not self.warm.alive:
                 self.warm.look()
-                ended = f"ended with code {self.warm.proc.returncode}"
+                ended = f"ended with code {self.warm.proc.returncode}{self.warm.last_words()}"
                 self.warm = None
+                if tries >= WARM_TRIES:
+                    self.tell(f"its standby for attempt {self.setup.attempt} {ended}, {WARM_TRIES} times in all: none "
+                              "is started again, so that attempt starts cold if the run restarts")
             if self.warm is None and tries < WARM_TRIES:
                 tries += 1
                 self.warm = Warm.start(self.setup.argv, self.program_env, self.setup.cpus, self.setup.parent_death)

@@ -15,6 +15,7 @@ from worker.host.system import die_with_parent
 from worker.task import standby
 
 STOP_GRACE_S = 0.5  # a standby runs nothing of the user's yet: TERM ends it at once
+LAST_WORDS_MAX = 200  # characters of a dead standby's last line, told to the launcher
 HELD_OUTPUT_MAX = 65536  # what a standby prints while it imports (TensorFlow's start-up lines), kept for the log
 
 
@@ -65,6 +66,11 @@ class Warm:
                 said = b""
             if said.startswith(standby.READY):
                 self.ready_at = time.time()
+
+    def last_words(self) -> str:
+        """' (its last line)' of what it printed, cut short (untrusted: the program's own words), or ''."""
+        lines = [line.strip() for line in self.held.decode(errors="replace").splitlines() if line.strip()]
+        return f" ({''.join(c if c.isprintable() else '?' for c in lines[-1][:LAST_WORDS_MAX])})" if lines else ""
 
     def go(self) -> bool:
         """Start it: True once it was told (its output pipe back to blocking, for the core's pump). The link

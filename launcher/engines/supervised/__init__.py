@@ -42,7 +42,8 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         super().__init__(spec, run_id, only, landed)
         self.transports = dict(zip((p.index for p in self.plans), transports_for(spec, self.plans)))
         self.handles: dict[int, Handle] = {}
-        self.standbys = Standbys(self.transports, lambda i, state: self.on_standby(i, state))
+        self.standbys = Standbys(self.transports, lambda i, state: self.on_standby(i, state),
+                                 lambda i, text: self.on_note(i, text))
 
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
         return plan_tasks(self.spec, self.run_id, only)

@@ -66,8 +66,9 @@ class Standby:
 class Standbys:
     """The standbys of one engine's tasks, at most one per task."""
 
-    def __init__(self, transports: dict[int, Transport], told: Callable[[int, dict | None], None]):
-        self.transports, self.told = transports, told
+    def __init__(self, transports: dict[int, Transport], told: Callable[[int, dict | None], None],
+                 said: Callable[[int, str], None]):
+        self.transports, self.told, self.said = transports, told, said
         self.now: dict[int, Standby] = {}
         self.replaced: dict[int, int] = {}
         self.lock = threading.Lock()
@@ -112,6 +113,9 @@ class Standbys:
             state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
             self.told(index, state if event.pid else None)
             return
+        if isinstance(event, protocol.Note):  # its core gave up on its program (it kept dying)
+            self.said(index, event.text)
+            return
         if not isinstance(event, (protocol.Exit, protocol.Lost)):
             return
         with self.lock:
@@ -125,6 +129,10 @@ class Standbys:
         self.told(index, None)
         if again:
             self.want(standby.plan, standby.attempt)
+        elif not self.closed:
+            how = f"code {event.code}" if isinstance(event, protocol.Exit) else "its link lost"
+            self.said(index, f"its standby's supervisor ended ({how}), {REPLACEMENTS + 1} times in all: none is "
+                             f"started again, so attempt {standby.attempt} starts cold if the run restarts")
 
     def take(self, plan: TaskPlan, attempt: int, sink: Sink) -> Handle | None:
         """The standby for `attempt` of this task, begun and reporting to `sink`; None: start cold."""
