@@ -1,5 +1,5 @@
-"""What the task core asks of its host: a port's holder, the parent-death signal, a tree's memory,
-free space. Standard library only at import (psutil is imported where it is used)."""
+"""What the task core asks of its host: a port's holder, a program's start (its parent-death signal and
+cores), a tree's memory, free space. Standard library only at import (psutil is imported where it is used)."""
 
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def port_holder(port: int) -> str | None:
     return f"pid {found['pid']} ({found['name'] or '?'}: {(found['cmdline'] or '')[:200]})"
 
 
-def die_with_parent(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Callable[[], None] | None:
-    """A preexec_fn that gives the child `sig` when its parent (the core) dies (Linux; None elsewhere), and pins
-    it to `cpus` before its exec, so that no thread of it ever runs elsewhere (a pin the child cannot take is left
-    to the parent's own `sched_setaffinity`, which says why). libc is looked up here, not in the child."""
+def child_setup(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Callable[[], None] | None:
+    """A preexec_fn for a program the core starts: `sig` when its parent (the core) dies (Linux), and pinned to
+    `cpus` before its exec, so that no thread of it ever runs elsewhere (a pin the child cannot take is left to
+    the parent's own `sched_setaffinity`, which says why); None where there is nothing to set. libc is looked up
+    here, not in the child."""
     try:
         import ctypes
 

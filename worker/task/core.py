@@ -24,7 +24,7 @@ from typing import Any
 from worker.task.channel import Channel
 from worker.host import layout
 from worker.task.folder import TaskFolder
-from worker.host.system import Meter, die_with_parent, port_holder
+from worker.host.system import Meter, child_setup, port_holder
 from worker.task.lines import NOTE, Lines
 from worker.task.warm import Warm
 from worker.host.spawn import OWN_GROUP, stop_group
@@ -134,7 +134,7 @@ class TaskCore:
             try:
                 self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, env=self.program_env,
-                                             preexec_fn=die_with_parent(s.parent_death, s.cpus), **OWN_GROUP)
+                                             preexec_fn=child_setup(s.parent_death, s.cpus), **OWN_GROUP)
             except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
                 why = exc.strerror if isinstance(exc, OSError) else str(exc)
                 return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")

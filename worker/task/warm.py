@@ -11,7 +11,7 @@ import sys
 import time
 
 from worker.host.spawn import OWN_GROUP, stop_group
-from worker.host.system import die_with_parent
+from worker.host.system import child_setup
 from worker.task import standby
 
 STOP_GRACE_S = 0.5  # a standby runs nothing of the user's yet: TERM ends it at once
@@ -39,7 +39,7 @@ class Warm:
             own = {standby.ENV_GROUP: "own"} if os.getsid(0) == os.getpid() else {}  # nothing else in its autogroup
             proc = subprocess.Popen(warm_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, env={**env, standby.ENV_FD: str(theirs.fileno()), **own},
-                                    pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent(parent_death),
+                                    pass_fds=(theirs.fileno(),), preexec_fn=child_setup(parent_death),
                                     **OWN_GROUP)
         except (OSError, ValueError):
             ours.close()
