@@ -73,7 +73,7 @@ def once(b: Bench, spec: Path, env: dict, kill: Kill | None) -> dict:
                 if done and (standbys_ready(run) if kill is Kill.READY else done[0] >= done[1] // 2):
                     return run
                 if proc.poll() is not None:
-                    raise RuntimeError(f"up exited {proc.returncode} before half its steps; see {out.name}")
+                    raise RuntimeError(f"up exited {proc.returncode} before the kill ({kill.value}); see {out.name}")
                 return None
 
             run = wait_for(due, 300, kill.value)
@@ -134,8 +134,7 @@ def measure(b: Bench, where: str, standby: bool, kill: Kill, hosts: Callable[[],
     note = (f"{pairs} alternated pair(s){left_out}; digits, 2 {where} workers pinned to cores 0 and 1, {epochs} epochs, a "
             f"checkpoint every {EVERY} steps, max_restarts = 3, standby = {str(standby).lower()}; kill -9 of task 1 "
             f"{kill.value}, at step {Stat([k['killed_at_step'] for k in killed]).fmt()}; crash cost = wall with the "
-            "kill "
-            f"{Stat([k['wall'] for k in killed]).fmt('s')} - without {Stat([p['wall'] for p in plain]).fmt('s')}; "
+            f"kill {Stat([k['wall'] for k in killed]).fmt('s')} - without {Stat([p['wall'] for p in plain]).fmt('s')}; "
             "cold start = the run without kill's spawn + to first step. The restart's phases: "
             + ", ".join(f"{words} {part(key)}" for key, words in PARTS)
             + f"; steps redone {Stat(redone).fmt() if redone else '-'}; the rest of the crash cost (the steps redone, "

@@ -23,6 +23,7 @@ from worker.packages import missing_problem, versions
 from worker.mesh import mesh
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import Ports
+from worker.task.lines import printable
 
 IMPORT_TIMEOUT_S = 45.0  # below the launcher's wait for the whole report
 OUTPUT_MAX = 8192  # bytes of the import's output kept (its last ones)
@@ -104,12 +105,6 @@ def writable_problem(path: str) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{path} is not writable: {existing} does not allow it for this user"
     return None
-
-
-def printable(text: str, limit: int = 300) -> str:
-    """Untrusted text for a one-line message: control characters replaced, cut to `limit` characters."""
-    text = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _keep_tail(stream, into: bytearray) -> None:

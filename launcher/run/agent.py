@@ -62,7 +62,8 @@ class Agent:
             self.run.task(index).standby = standby
 
     def note_known(self, index: int, text: str) -> None:
-        """A line about a task from outside its attempt (on the engine's thread)."""
+        """A line about a task, shown as the task's: its supervisor's Note, or one from outside its attempt (its
+        standby's, on the engine's thread)."""
         if not self.run.ended:
             self.out.say(f"{watch.label(self.run, index)}: {text}")
 
@@ -214,7 +215,7 @@ class Agent:
 
     def on_event(self, live: LiveAttempt, index: int, ev: protocol.Event) -> Failure | None:
         if isinstance(ev, protocol.Note):
-            self.out.say(f"{watch.label(self.run, index)}: {ev.text}")
+            self.note_known(index, ev.text)
             return None
         preempted = live.preempted_at is not None
         failure = watch.apply(self.run, live, index, ev)

@@ -16,6 +16,12 @@ CUT = " [... line cut; whole in worker.log]"
 NOTE = "[mgpu task] "  # a line of the supervisor's own among its task's output (a stop, a kill, a refusal)
 
 
+def printable(text: str, limit: int = 300) -> str:
+    """Untrusted text for a one-line message: control characters replaced, cut to `limit` characters."""
+    text = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def encoded(line: str) -> int:
     """Bytes `line` takes in a record."""
     return len(json.dumps(line))

@@ -13,6 +13,7 @@ import time
 from worker.host.spawn import OWN_GROUP, stop_group
 from worker.host.system import child_setup
 from worker.task import standby
+from worker.task.lines import printable
 
 STOP_GRACE_S = 0.5  # a standby runs nothing of the user's yet: TERM ends it at once
 LAST_WORDS_MAX = 200  # characters of a dead standby's last line, told to the launcher
@@ -69,8 +70,8 @@ class Warm:
 
     def last_words(self) -> str:
         """' (its last line)' of what it printed, cut short (untrusted: the program's own words), or ''."""
-        lines = [line.strip() for line in self.held.decode(errors="replace").splitlines() if line.strip()]
-        return f" ({''.join(c if c.isprintable() else '?' for c in lines[-1][:LAST_WORDS_MAX])})" if lines else ""
+        last = next((line for line in reversed(self.held.decode(errors="replace").splitlines()) if line.strip()), "")
+        return f" ({printable(last, LAST_WORDS_MAX)})" if last else ""
 
     def go(self) -> bool:
         """Start it: True once it was told (its output pipe back to blocking, for the core's pump). The link
