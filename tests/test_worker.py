@@ -306,7 +306,9 @@ def test_only_the_chiefs_model_file_remains(digits_run):
     assert models == [Path("model.keras")]
     assert not any(p.name.endswith(".tmp") for p in digits_run.run.rglob("*"))
     assert "model saved to" in digits_run.log(0) and "model saved to" not in digits_run.log(1)
-    assert list((digits_run.run / "checkpoint").iterdir()) == []  # backup deleted when done
+    # the backup deleted once both saved, the run told finished (a restart of it after this trains nothing)
+    assert [p.name for p in (digits_run.run / "checkpoint").iterdir()] == ["finished.json"]
+    assert json.loads((digits_run.run / "checkpoint" / "finished.json").read_text()) == {"run": "test"}
 
 
 def test_end_of_fit_is_prompt(digits_run):

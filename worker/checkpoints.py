@@ -1,16 +1,20 @@
-"""Checkpoints of the built-in runner: BackupAndRestore that resumes mid-epoch, and the notice
-(SIGTERM) that makes every worker save at one agreed step and stop (`Preempted`)."""
+"""Checkpoints of the built-in runner: BackupAndRestore that resumes mid-epoch, the notice (SIGTERM) that
+makes every worker save at one agreed step and stop (`Preempted`), and the end of a run's training, told in
+the checkpoint folder (both backends), so that a crash after the last step never trains the run again."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import threading
 from typing import Callable
 
 from worker.data import counts_over_workers
 from worker.entrypoint import WorkerError
+from worker.host.procs import ENV_RUN
 
 
 class Preempted(Exception):
@@ -40,20 +44,69 @@ def notice_held():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def check_backup_visible(tf, strategy, checkpoint_dir: str, num_workers: int) -> None:
-    """Every worker restores from the chief's backup in `checkpoint_dir` (tf_keras reads
-    `<dir>/chief`); a worker that cannot see it would start from epoch 1 while the others
-    resume. Refuse that (all workers together) instead of training diverged replicas."""
-    if num_workers <= 1:
-        return
+def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
+    """Whether this run's training finished in an earlier attempt: what every worker sees of the checkpoint
+    folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/chief`);
+    a worker that cannot see it would start from epoch 1 while the others resume: refused (all workers
+    together) instead of training diverged replicas, as where only some see the run finished."""
     has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
-    seen = counts_over_workers(tf, strategy, int(has_backup), num_workers)
-    if 0 < sum(seen) < num_workers:
-        have = [i for i, flag in enumerate(seen) if flag]
-        missing = [i for i, flag in enumerate(seen) if not flag]
+    seen = counts_over_workers(tf, strategy, int(has_backup) + 2 * int(finished_here(checkpoint_dir)), num_workers)
+    backups = [v & 1 for v in seen]
+    if 0 < sum(backups) < num_workers:
+        have = [i for i, flag in enumerate(backups) if flag]
+        missing = [i for i, flag in enumerate(backups) if not flag]
         raise WorkerError(f"task(s) {have} found a backup to resume from, task(s) {missing} did "
                           f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
                           "storage that every host shares, or delete the backup to start over")
+    return finished_agreed([v >> 1 for v in seen], checkpoint_dir)
+
+
+FINISHED = "finished.json"  # in the checkpoint folder: {"run": id} whose training ended, every task's model saved
+NOTHING_LEFT = "this run's training finished in an earlier attempt (every task saved): nothing left to train"
+
+
+def run_id() -> str:
+    """The launcher's id of this run ("" for a worker started by hand): a restart keeps it, a new run has its own."""
+    return os.environ.get(ENV_RUN, "")
+
+
+def keeps_backup() -> bool:
+    """Whether the backup outlives fit: under a launcher's run, until every task has saved after the last step
+    (`mark_finished`), so that a crash in fit's end, the saves or the exit resumes there instead of at epoch 1.
+    A worker started by hand has no restart to resume: BackupAndRestore removes its backup at fit's end."""
+    return bool(run_id())
+
+
+def finished_here(checkpoint_dir: str) -> bool:
+    """Whether this run's training ended in an earlier attempt (the file is untrusted: anything else is no)."""
+    try:
+        with open(os.path.join(checkpoint_dir, FINISHED), encoding="utf-8") as f:
+            said = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return bool(run_id()) and isinstance(said, dict) and said.get("run") == run_id()
+
+
+def finished_agreed(seen: list[int], checkpoint_dir: str) -> bool:
+    """Every task's `finished_here`, in task order, as one answer: all or none (else a WorkerError, as for a
+    backup only some tasks see: they would not agree on what to train)."""
+    if 0 < sum(seen) < len(seen):
+        raise WorkerError(f"task(s) {[i for i, flag in enumerate(seen) if flag]} found this run's training "
+                          f"finished, task(s) {[i for i, flag in enumerate(seen) if not flag]} did not "
+                          f"(checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on storage that every "
+                          "host shares")
+    return bool(seen) and all(seen)
+
+
+def mark_finished(checkpoint_dir: str, backup_dir: str) -> None:
+    """The chief's last act, once every task has saved: the run's training is told finished (whole, by a
+    rename), then its backup is removed. A crash before the first resumes after the last step: nothing to train."""
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    path = os.path.join(checkpoint_dir, FINISHED)
+    with open(f"{path}.partial", "w", encoding="utf-8") as f:
+        json.dump({"run": run_id()}, f)
+    os.replace(f"{path}.partial", path)
+    shutil.rmtree(backup_dir, ignore_errors=True)
 
 
 NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
@@ -77,7 +130,8 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
 
     class Backup(keras.callbacks.BackupAndRestore):
         def __init__(self):
-            super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps)
+            super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps,
+                             delete_checkpoint=not keeps_backup())
             self.target: int | None = None  # the global step to save at and stop
             self.stopped_at: int | None = None
             self._claimed = self._noticed = False

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from worker import checkpoints
-from worker.checkpoints import (Preempted, checkpoint_callbacks, check_backup_visible,
-                                notice_held)
-from worker.data import input_pipelines
+from worker.checkpoints import (NOTHING_LEFT, Preempted, checkpoint_callbacks, keeps_backup, mark_finished,
+                                notice_held, start_agreed)
+from worker.data import counts_over_workers, input_pipelines
 from worker.host import layout
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
                                load_entrypoint, resolve_entrypoint)
@@ -157,6 +157,8 @@ def run(config: RunConfig) -> dict:
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
+    if start_agreed(tf, strategy, checkpoint_dir, info.num_workers):
+        return nothing_left(writer, task_id, epochs)
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
     writer.update(force=True, epochs=epochs, replicas=replicas)
@@ -178,7 +180,6 @@ def run(config: RunConfig) -> dict:
     clock = _step_clock(tf, model)
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
                                 global_batch_size=global_batch, mark_done_on_train_end=False, clock=clock)
-    check_backup_visible(tf, strategy, checkpoint_dir, info.num_workers)
     callbacks = _callbacks(config, task, keras, tf, checkpoint_dir, steps, info, writer, clock, progress)
 
     started = time.time()
@@ -186,6 +187,10 @@ def run(config: RunConfig) -> dict:
                                validation_steps=task.validation_steps, callbacks=callbacks, verbose=0),
                    progress)
     done = finish(config, model, task_id, progress, started, lambda: save_model(model, model_dir, info.is_chief))
+    if keeps_backup():
+        counts_over_workers(tf, strategy, 1, info.num_workers)  # every task has saved
+        if info.is_chief:
+            mark_finished(checkpoint_dir, os.path.join(checkpoint_dir, "chief"))
     return {"history": history.history, **done, "steps_per_epoch": steps, "global_batch_size": global_batch,
             "replicas": replicas, "task": task_id}
 
@@ -203,6 +208,13 @@ def finish(config: RunConfig, model, task_id: int, progress, started: float, sav
     progress.mark_done()
     say(f"done: fit took {returned - started:.1f}s" + (f"; model saved to {model_path}" if model_path else ""))
     return {"model_path": model_path, "weights_path": weights_path, "fit_tail_s": tail}
+
+
+def nothing_left(writer, task_id: int, epochs: int) -> dict:
+    """A restart of a run whose training ended (a crash after every task saved): done, with nothing trained."""
+    say(NOTHING_LEFT)
+    writer.update(force=True, state=str(ProgressState.DONE), epochs=epochs, epoch=epochs)
+    return {"history": {}, "model_path": None, "weights_path": None, "fit_tail_s": 0.0, "task": task_id}
 
 
 def settings(config: RunConfig, task: Task) -> tuple[int, int, float]:

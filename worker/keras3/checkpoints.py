@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Callable
 
-from worker.checkpoints import Preempted, notice
+from worker.checkpoints import Preempted, keeps_backup, notice
 from worker.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
 
@@ -21,7 +21,8 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
 
     class Backup(keras.callbacks.BackupAndRestore):
         def __init__(self):
-            super().__init__(backup_dir=os.path.join(checkpoint_dir, BACKUP), delete_checkpoint=group.chief)
+            super().__init__(backup_dir=os.path.join(checkpoint_dir, BACKUP),
+                             delete_checkpoint=group.chief and not keeps_backup())
 
         def on_train_begin(self, logs=None):
             super().on_train_begin(logs)  # every process reads the chief's backup

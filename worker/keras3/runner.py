@@ -14,15 +14,15 @@ import time
 from typing import Any
 
 from worker import checkpoints
-from worker.checkpoints import Preempted, notice_held
+from worker.checkpoints import Preempted, finished_agreed, finished_here, keeps_backup, mark_finished, notice_held
 from worker.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
-from worker.keras3.checkpoints import checkpoint_callbacks
+from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
 from worker.keras3.data import feeds
 from worker.keras3.group import Group, alone, join, split_host, task_index
 from worker.progress import ProgressWriter, callback_class
 from worker.protocol import ProgressState
-from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, save_model, say,
-                           settings)
+from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, nothing_left, save_model,
+                           say, settings)
 
 
 def import_keras3() -> Any:
@@ -83,6 +83,8 @@ def run(config: RunConfig) -> dict:
         keras.mixed_precision.set_global_policy("mixed_float16")
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
+    if finished_agreed(group.gather(int(finished_here(checkpoint_dir))), checkpoint_dir):
+        return nothing_left(writer, group.index, epochs)
     _not_here(config, first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None))
     global_batch = per_replica * group.devices
     writer.update(force=True, epochs=epochs, replicas=group.devices)
@@ -104,6 +106,10 @@ def run(config: RunConfig) -> dict:
     history = _fit(model, train, val, epochs, _callbacks(config, task, keras, group, checkpoint_dir, epochs,
                                                           writer, progress), progress)
     done = finish(config, model, group.index, progress, started, lambda: _save_model(keras, model, model_dir, group))
+    if keeps_backup():
+        group.gather(1)  # every process has saved
+        if group.chief:
+            mark_finished(checkpoint_dir, os.path.join(checkpoint_dir, BACKUP))
     return {"history": history.history, **done, "steps_per_epoch": train.steps, "global_batch_size": global_batch,
             "replicas": group.devices, "task": group.index}
 
