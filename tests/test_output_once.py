@@ -119,7 +119,7 @@ def test_an_abort_seen_only_at_the_end_of_its_traceback_takes_the_traceback_back
 def test_the_supervisors_stop_note_inside_an_abort_is_shown_and_the_traceback_after_it_still_hidden():
     """The supervisor's stop note may come between TensorFlow's abort line and its traceback (CI saw it
     over SSH): the note is shown, the abort stays one line."""
-    stop = "[mgpu task] stopping task (a peer failed; KILL after 0.2 s)"
+    stop = "[mgpu task] stopping task (a peer failed; KILL at once)"
     w = Window()
     w.add(0, "h", ["epoch 2 done", ABORT_LOG[0], stop, *ABORT_LOG[1:], "[mgpu task] killed"], now=0.0)
     assert shown(w.drain()) == ["task0 h | epoch 2 done", f"task0 h | {ABORTED}", f"task0 h | {stop}",

@@ -33,7 +33,7 @@ procs: Any = None  # worker.host.procs and worker.protocol: imported once the ta
 protocol: Any = None
 
 GRACE_S = 1.0
-BROKEN_GRACE_S = 0.2  # a broken group's stop: a peer failed, so a save with the group cannot land
+BROKEN_GRACE_S = 0.0  # a broken group's stop: a peer failed, so a save with the group cannot land (KILL at once)
 # progress.json is read about once a second: each wake-up takes a core from the training (4 a second cost ~2% of
 # the steps on 2 cores); each read 0.5 to 1.5 s after the last, or epochs of about 1 s are read at one step each
 PROGRESS_POLL_S, POLL_JITTER = 1.0, 0.5
@@ -365,7 +365,7 @@ class TaskCore:
         self.notice = notice
         grace = self.setup.preempt_grace if notice else self.setup.grace
         self.grace = min(grace, BROKEN_GRACE_S) if broken and not notice else grace
-        self.note(f"stopping task ({reason}; KILL after {self.grace:g} s)")
+        self.note(f"stopping task ({reason}; " + (f"KILL after {self.grace:g} s)" if self.grace else "KILL at once)"))
         if self.proc is not None:  # else run() stops it right after starting it
             self.stop_task(self.grace)
 

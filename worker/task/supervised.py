@@ -36,7 +36,7 @@ from worker.task.signals import Signals
 from worker.task.standby import GO
 
 # Said on our stdin just before its end (EOF) at a failure's teardown: a peer failed, so no save with the
-# group can land (it needs every task); the task gets TERM and KILL after core.BROKEN_GRACE_S, not its grace.
+# group can land (it needs every task); the task gets KILL at once (core.BROKEN_GRACE_S), not its grace.
 BROKEN = b"broken\n"
 
 
