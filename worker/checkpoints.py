@@ -44,23 +44,6 @@ def notice_held():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
-    """Whether this run's training finished in an earlier attempt: what every worker sees of the checkpoint
-    folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/chief`);
-    a worker that cannot see it would start from epoch 1 while the others resume: refused (all workers
-    together) instead of training diverged replicas, as where only some see the run finished."""
-    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
-    seen = counts_over_workers(tf, strategy, int(has_backup) + 2 * int(finished_here(checkpoint_dir)), num_workers)
-    backups = [v & 1 for v in seen]
-    if 0 < sum(backups) < num_workers:
-        have = [i for i, flag in enumerate(backups) if flag]
-        missing = [i for i, flag in enumerate(backups) if not flag]
-        raise WorkerError(f"task(s) {have} found a backup to resume from, task(s) {missing} did "
-                          f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
-                          "storage that every host shares, or delete the backup to start over")
-    return finished_agreed([v >> 1 for v in seen], checkpoint_dir)
-
-
 FINISHED = "finished.json"  # in the checkpoint folder: {"run": id} whose training ended, every task's model saved
 NOTHING_LEFT = "this run's training finished in an earlier attempt (every task saved): nothing left to train"
 
@@ -107,6 +90,23 @@ def mark_finished(checkpoint_dir: str, backup_dir: str) -> None:
         json.dump({"run": run_id()}, f)
     os.replace(f"{path}.partial", path)
     shutil.rmtree(backup_dir, ignore_errors=True)
+
+
+def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
+    """Whether this run's training finished in an earlier attempt: what every worker sees of the checkpoint
+    folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/chief`);
+    a worker that cannot see it would start from epoch 1 while the others resume: refused (all workers
+    together) instead of training diverged replicas, as where only some see the run finished."""
+    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
+    seen = counts_over_workers(tf, strategy, int(has_backup) + 2 * int(finished_here(checkpoint_dir)), num_workers)
+    backups = [v & 1 for v in seen]
+    if 0 < sum(backups) < num_workers:
+        have = [i for i, flag in enumerate(backups) if flag]
+        missing = [i for i, flag in enumerate(backups) if not flag]
+        raise WorkerError(f"task(s) {have} found a backup to resume from, task(s) {missing} did "
+                          f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
+                          "storage that every host shares, or delete the backup to start over")
+    return finished_agreed([v >> 1 for v in seen], checkpoint_dir)
 
 
 NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
