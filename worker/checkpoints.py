@@ -44,6 +44,7 @@ def notice_held():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
+TF_BACKUP = "chief"  # tf_keras's backup folder in the checkpoint folder (the chief's, which every worker reads)
 FINISHED = "finished.json"  # in the checkpoint folder: {"run": id} whose training ended, every task's model saved
 NOTHING_LEFT = "this run's training finished in an earlier attempt (every task saved): nothing left to train"
 
@@ -55,19 +56,21 @@ def run_id() -> str:
 
 def keeps_backup() -> bool:
     """Whether the backup outlives fit: under a launcher's run, until every task has saved after the last step
-    (`mark_finished`), so that a crash in fit's end, the saves or the exit resumes there instead of at epoch 1.
+    (`tell_finished`), so that a crash in fit's end, the saves or the exit resumes there instead of at epoch 1.
     A worker started by hand has no restart to resume: BackupAndRestore removes its backup at fit's end."""
     return bool(run_id())
 
 
 def finished_here(checkpoint_dir: str) -> bool:
     """Whether this run's training ended in an earlier attempt (the file is untrusted: anything else is no)."""
+    if not run_id():
+        return False
     try:
         with open(os.path.join(checkpoint_dir, FINISHED), encoding="utf-8") as f:
             said = json.load(f)
     except (OSError, ValueError):
         return False
-    return bool(run_id()) and isinstance(said, dict) and said.get("run") == run_id()
+    return isinstance(said, dict) and said.get("run") == run_id()
 
 
 def finished_agreed(seen: list[int], checkpoint_dir: str) -> bool:
@@ -81,23 +84,35 @@ def finished_agreed(seen: list[int], checkpoint_dir: str) -> bool:
     return bool(seen) and all(seen)
 
 
-def mark_finished(checkpoint_dir: str, backup_dir: str) -> None:
-    """The chief's last act, once every task has saved: the run's training is told finished (whole, by a
-    rename), then its backup is removed. A crash before the first resumes after the last step: nothing to train."""
-    os.makedirs(checkpoint_dir, exist_ok=True)
+def tell_finished(barrier: Callable[[], object], chief: bool, checkpoint_dir: str, backup_dir: str) -> None:
+    """After the saves, under a launcher's run (`keeps_backup`): once every task has saved (`barrier`, a
+    collective), the chief tells the run's training finished (whole, by a rename) and then removes the backup.
+    A crash before the first resumes after the last step: nothing to train. A file that cannot be written (a
+    full disk) leaves the backup, and the training's end stands."""
+    if not keeps_backup():
+        return
+    barrier()
+    if not chief:
+        return
     path = os.path.join(checkpoint_dir, FINISHED)
-    with open(f"{path}.partial", "w", encoding="utf-8") as f:
-        json.dump({"run": run_id()}, f)
-    os.replace(f"{path}.partial", path)
+    try:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        with open(f"{path}.partial", "w", encoding="utf-8") as f:
+            json.dump({"run": run_id()}, f)
+        os.replace(f"{path}.partial", path)
+    except OSError as exc:
+        _say(f"note: cannot write {path} ({exc.strerror or exc}): the backup stays, so a restart of this run "
+             "resumes after its last step")
+        return
     shutil.rmtree(backup_dir, ignore_errors=True)
 
 
 def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
     """Whether this run's training finished in an earlier attempt: what every worker sees of the checkpoint
-    folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/chief`);
+    folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/TF_BACKUP`);
     a worker that cannot see it would start from epoch 1 while the others resume: refused (all workers
     together) instead of training diverged replicas, as where only some see the run finished."""
-    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, "chief")) is not None
+    has_backup = tf.train.latest_checkpoint(os.path.join(checkpoint_dir, TF_BACKUP)) is not None
     seen = counts_over_workers(tf, strategy, int(has_backup) + 2 * int(finished_here(checkpoint_dir)), num_workers)
     backups = [v & 1 for v in seen]
     if 0 < sum(backups) < num_workers:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from worker import checkpoints
-from worker.checkpoints import (NOTHING_LEFT, Preempted, checkpoint_callbacks, keeps_backup, mark_finished,
-                                notice_held, start_agreed)
+from worker.checkpoints import (NOTHING_LEFT, TF_BACKUP, Preempted, checkpoint_callbacks, notice_held,
+                                start_agreed, tell_finished)
 from worker.data import counts_over_workers, input_pipelines
 from worker.host import layout
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
@@ -187,10 +187,8 @@ def run(config: RunConfig) -> dict:
                                validation_steps=task.validation_steps, callbacks=callbacks, verbose=0),
                    progress)
     done = finish(config, model, task_id, progress, started, lambda: save_model(model, model_dir, info.is_chief))
-    if keeps_backup():
-        counts_over_workers(tf, strategy, 1, info.num_workers)  # every task has saved
-        if info.is_chief:
-            mark_finished(checkpoint_dir, os.path.join(checkpoint_dir, "chief"))
+    tell_finished(lambda: counts_over_workers(tf, strategy, 1, info.num_workers), info.is_chief, checkpoint_dir,
+                  os.path.join(checkpoint_dir, TF_BACKUP))
     return {"history": history.history, **done, "steps_per_epoch": steps, "global_batch_size": global_batch,
             "replicas": replicas, "task": task_id}
 

@@ -12,7 +12,7 @@ from worker.checkpoints import Preempted, keeps_backup, notice
 from worker.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
 
-BACKUP = "keras3"  # the backup's folder in the checkpoint folder (tf_keras keeps its own in "chief")
+BACKUP = "keras3"  # the backup's folder in the checkpoint folder (tf_keras keeps its own in worker.checkpoints.TF_BACKUP)
 
 
 def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,

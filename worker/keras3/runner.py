@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from worker import checkpoints
-from worker.checkpoints import Preempted, finished_agreed, finished_here, keeps_backup, mark_finished, notice_held
+from worker.checkpoints import Preempted, finished_agreed, finished_here, notice_held, tell_finished
 from worker.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
 from worker.keras3.data import feeds
@@ -106,10 +106,7 @@ def run(config: RunConfig) -> dict:
     history = _fit(model, train, val, epochs, _callbacks(config, task, keras, group, checkpoint_dir, epochs,
                                                           writer, progress), progress)
     done = finish(config, model, group.index, progress, started, lambda: _save_model(keras, model, model_dir, group))
-    if keeps_backup():
-        group.gather(1)  # every process has saved
-        if group.chief:
-            mark_finished(checkpoint_dir, os.path.join(checkpoint_dir, BACKUP))
+    tell_finished(lambda: group.gather(1), group.chief, checkpoint_dir, os.path.join(checkpoint_dir, BACKUP))
     return {"history": history.history, **done, "steps_per_epoch": train.steps, "global_batch_size": global_batch,
             "replicas": group.devices, "task": group.index}
 
