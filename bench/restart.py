@@ -1,7 +1,14 @@
 """The cost of one crash against a cold start: the digits example run twice in alternated pairs, once as it is
-and once with a kill -9 of task 1 (max_restarts = 3); crash cost = wall(kill) - wall(no kill), cold start =
-spawn to first step of the run without kill (its record's phases); with standbys off and on, local and over
-SSH. The parts of the crash cost are the restarted attempt's phases (launcher.run.phases).
+and once with a kill -9 of task 1 (max_restarts = 3); with standbys off and on, local and over SSH. The cold
+start = spawn to first step of the run without kill (its record's phases). The crash cost, two ways:
+
+- time lost = from the failure until the restarted group has trained again to the step it had reached
+  (the restarted attempt's back_s, launcher.run.phases): measured within the run that had the crash, it
+  holds the restart and the steps trained twice, and none of another run's noise. The target is on it.
+- wall = wall(kill) - wall(no kill): also what comes after (a slower first epoch, the next standbys'
+  imports), but the difference of two runs whose walls spread over several seconds on this machine.
+
+Its parts are the restarted attempt's phases.
 
 Two kills: at half the steps of a short run (16 epochs, about 10 s into training: a crash soon after the
 start), and, with standbys, once every task's standby is ready (40 epochs, as issue 33 measured: a crash in
@@ -123,6 +130,7 @@ def measure(b: Bench, where: str, standby: bool, kill: Kill, hosts: Callable[[],
     dropped, plain, killed = len(plain) - len(kept), [p for p, _ in kept], [k for _, k in kept]
     crash = [k["wall"] - p["wall"] for p, k in zip(plain, killed)]
     cold = [p["cold_start"] for p in plain]
+    lost = [(k["phases"]["back_s"], p["cold_start"]) for p, k in zip(plain, killed) if "back_s" in k["phases"]]
 
     def part(key: str) -> str:
         values = [k["phases"][key] for k in killed if key in k["phases"]]
@@ -141,11 +149,19 @@ def measure(b: Bench, where: str, standby: bool, kill: Kill, hosts: Callable[[],
             f"a slower first epoch after the restart, noise) {Stat(rest).fmt('s') if rest else '-'}")
     timed = [(k["phases"]["took_s"], p["cold_start"]) for p, k in zip(plain, killed) if "took_s" in k["phases"]]
     took, took_cold = [t for t, _ in timed], [c for _, c in timed]
-    return [Row(figure(where, standby, kill), Stat(crash), Stat(cold), "s", paired_ratio(crash, cold),
-                TARGET if standby else "", note),
-            Row(own_figure(where, standby, kill), Stat(took), Stat(took_cold), "s", paired_ratio(took, took_cold),
-                "", f"the same {len(timed)} pair(s): the restarted attempt's phases, from the failure to its "
-                "first step (detected + teardown + spawn + to first step)")]
+    reached = [k["phases"]["reached_step"] for k in killed if "reached_step" in k["phases"]]
+    rows = [Row(figure(where, standby, kill), Stat([b for b, _ in lost]), Stat([c for _, c in lost]), "s",
+                paired_ratio([b for b, _ in lost], [c for _, c in lost]), TARGET if standby else "",
+                f"the same pairs ({len(lost)} with the phase): the restarted attempt's back_s, from the failure until "
+                f"the group had trained again to the step it had reached ({Stat(reached).fmt() if reached else '-'}), "
+                "by the progress reads around it") if lost else
+            Row(figure(where, standby, kill), note="failed: no restarted attempt got back to the step reached",
+                target=TARGET if standby else ""),
+            Row(figure(where, standby, kill, Cost.WALL), Stat(crash), Stat(cold), "s", paired_ratio(crash, cold), "",
+                note)]
+    return rows + [Row(own_figure(where, standby, kill), Stat(took), Stat(took_cold), "s", paired_ratio(took, took_cold),
+                       "", f"the same {len(timed)} pair(s): the restarted attempt's phases, from the failure to its "
+                       "first step (detected + teardown + spawn + to first step)")]
 
 
 def own_figure(where: str, standby: bool, kill: Kill) -> str:
@@ -153,8 +169,13 @@ def own_figure(where: str, standby: bool, kill: Kill) -> str:
             "step (baseline: a cold start)")
 
 
-def figure(where: str, standby: bool, kill: Kill) -> str:
-    return (f"restart cost, {where}, standby {'on' if standby else 'off'}: one kill -9 {kill.value} "
+class Cost(str, Enum):
+    LOST = "time lost (failure until back at the step reached)"
+    WALL = "in wall time (with the kill - without)"
+
+
+def figure(where: str, standby: bool, kill: Kill, cost: Cost = Cost.LOST) -> str:
+    return (f"restart cost, {where}, standby {'on' if standby else 'off'}: one kill -9 {kill.value}, {cost.value} "
             "(baseline: a cold start)")
 
 

@@ -108,7 +108,8 @@ def attempts(run: dict, clock: Clock) -> list[dict]:
 def restarts(run: dict, clock: Clock) -> list[dict]:
     """Each restarted attempt's phases (launcher.run.phases), as recorded: its parts placed on the time axis
     (detected from the failing task's end, teardown up to the attempt before's end, spawn and first step from
-    its own start), and its line of words."""
+    its own start, the steps redone from its first step until it was back at the step reached), and its line
+    of words."""
     found, before = [], None
     for a in items(run.get("attempts")):
         raw = a.get("phases") if isinstance(a.get("phases"), dict) else {}
@@ -123,6 +124,9 @@ def restarts(run: dict, clock: Clock) -> list[dict]:
                  ("teardown", prev_end - ph["teardown_s"] if prev_end and "teardown_s" in ph else None,
                   ph.get("teardown_s")),
                  ("spawn", start, ph.get("spawn_s")), ("first step", spawned, ph.get("first_step_s"))]
+        if "back_s" in ph and "failed_at" in ph and "first_step_s" in ph:  # its first step until back where it was
+            stepped = spawned + ph["first_step_s"]
+            marks.append(("steps redone", stepped, ph["failed_at"] + ph["back_s"] - stepped))
         parts = [{"name": name, "start": clock(at), "end": clock(at + took)} for name, at, took in marks
                  if at is not None and took is not None]
         told = {k: v for k, v in ph.items() if k != "failed_at"}

@@ -223,8 +223,11 @@ class Agent:
             self.marks.failed(self.run, index, ev)
         if isinstance(ev, protocol.Progress):
             self.remember(index, self.run.task(index).progress)
-            if self.marks.progress(self.run.task(index).progress or {}, time.time()) and live.number > 0:
-                self.out.say(phases.restart_line(live.number, self.run.attempts[-1].phases))
+            mark = self.marks.progress(self.run.task(index).progress or {}, time.time())
+            if mark is not None and live.number > 0:
+                ph = self.run.attempts[-1].phases
+                self.out.say(phases.restart_line(live.number, ph) if mark is phases.Mark.FIRST_STEP else
+                             phases.back_line(live.number, ph))
         if isinstance(ev, protocol.Exit) and not preempted and live.preempted_at is not None:
             self.out.say(watch.preempted_words(self.run, index, ev, self.spec.launch.preempt_grace))
         if isinstance(ev, (protocol.Exit, protocol.Lost)) and failure is None:

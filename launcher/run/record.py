@@ -66,7 +66,8 @@ class Attempt:
     reason: str | None = None  # what ended it, in words
     failure: Failure | None = None  # the failure that ended it, as data
     tasks: list[int] = field(default_factory=list)
-    # seconds: detected_s, teardown_s (of the attempt before), spawn_s, first_step_s, took_s; steps_redone (launcher.run.phases)
+    # seconds: detected_s, teardown_s (of the attempt before), spawn_s, first_step_s, took_s, back_s; steps:
+    # reached_step (the attempt before's), resumed_step, steps_redone (launcher.run.phases)
     phases: dict[str, float] = field(default_factory=dict)
 
 
