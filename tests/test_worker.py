@@ -194,6 +194,20 @@ def test_importing_worker_does_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
+@pytest.mark.parametrize("root_first", [False, True], ids=["tf-handler", "root-configured-first"])
+def test_a_tensorflow_warning_is_printed_once_after_absl_configured_logging(root_first):
+    """TensorFlow's own handler and the root logger's, which absl sets up at its first log call (the first
+    checkpoint's save), printed each of its warnings twice in worker.log; a root logger the program
+    configured before TensorFlow still shows them."""
+    code = ("import logging, sys\n"
+            + ("logging.basicConfig()\n" if root_first else "")
+            + "from worker.strategy import import_tensorflow\ntf = import_tensorflow()\n"
+            "from absl import logging as absl_logging\nabsl_logging.info('the first save logs through absl')\n"
+            "tf.get_logger().warning('said once')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0 and r.stderr.count("said once") == 1, r.stderr
+
+
 def test_help_documents_the_flags():
     out = subprocess.run([sys.executable, "-m", "worker", "--help"], capture_output=True,
                          text=True, cwd=REPO, timeout=60).stdout

@@ -98,7 +98,19 @@ def import_tensorflow():
     allow_gpu_growth()
     import tensorflow as tf
 
+    _log_once()
     return tf
+
+
+def _log_once() -> None:
+    """TensorFlow's warnings printed once: its logger has its own handler (where the root logger had none at
+    its import) and also passes each record to the root logger, which absl configures at its first log
+    call (the first checkpoint's save). Where TensorFlow left its logging to the root logger, it stays so."""
+    import logging
+
+    tf_logger = logging.getLogger("tensorflow")
+    if tf_logger.handlers:
+        tf_logger.propagate = False
 
 
 def _require_tf_keras() -> None:
