@@ -159,6 +159,12 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     marks = phases.Phases(plain, carried, 30)
     assert marks.progress({"global_step": 41, "first_global_step": 35}, 5.0) is phases.Mark.FIRST_STEP
     assert "back_s" not in plain.phases and marks.progress({"global_step": 50, "first_global_step": 35}, 6.0) is None
+    # an attempt that failed before any step it told (its start) has no step to be back at
+    started = Attempt(number=1, started_at=0.0)
+    marks = phases.Phases(started, {k: v for k, v in carried.items() if k != "reached_step"}, 0)
+    assert marks.progress({"global_step": 1, "first_global_step": 0, "first_step_at": 4.0, "time": 4.5}, 5.0) \
+        is phases.Mark.FIRST_STEP
+    assert "back_s" not in started.phases and "back" not in phases.restart_line(1, phases.told(started))
 
 
 def test_the_report_places_each_restarts_phases_and_leaves_out_damaged_ones():

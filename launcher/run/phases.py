@@ -148,9 +148,10 @@ class Phases:
 
     def back(self, before: tuple[float, float] | None, now: tuple[float, float]) -> Mark | None:
         """back_s, once the group is back at the step the attempt before had reached: from the failure to the
-        time it got there (between the two reads around it, at the rate between them)."""
+        time it got there (between the two reads around it, at the rate between them). None where the attempt
+        before trained no step it told (it failed starting: its restart's cost is took_s)."""
         ph = self.attempt.phases
-        if "back_s" in ph or "failed_at" not in ph or "resumed_step" not in ph or now[0] < self.reached:
+        if "back_s" in ph or not {"failed_at", "reached_step", "resumed_step"} <= set(ph) or now[0] < self.reached:
             return None
         (g0, t0), (g1, t1) = before or now, now
         at = t0 if g0 >= self.reached else t0 + (self.reached - g0) / (g1 - g0) * (t1 - t0)  # g0 < reached <= g1
