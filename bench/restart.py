@@ -130,14 +130,18 @@ def measure(b: Bench, where: str, standby: bool, kill: Kill, hosts: Callable[[],
     dropped, plain, killed = len(plain) - len(kept), [p for p, _ in kept], [k for _, k in kept]
     crash = [k["wall"] - p["wall"] for p, k in zip(plain, killed)]
     cold = [p["cold_start"] for p in plain]
-    lost = [(k["phases"]["back_s"], p["cold_start"]) for p, k in zip(plain, killed) if "back_s" in k["phases"]]
+
+    def by_phase(key: str) -> tuple[list[float], list[float]]:
+        """The restarted attempts' phase `key` and their pairs' cold starts, where it was recorded."""
+        pairs = [(k["phases"][key], p["cold_start"]) for p, k in zip(plain, killed) if key in k["phases"]]
+        return [ours for ours, _ in pairs], [base for _, base in pairs]
 
     def part(key: str) -> str:
-        values = [k["phases"][key] for k in killed if key in k["phases"]]
+        values = by_phase(key)[0]
         return Stat(values).fmt("s") if values else "-"
 
     rest = [c - k["phases"]["took_s"] for c, k in zip(crash, killed) if "took_s" in k["phases"]]
-    redone = [k["phases"]["steps_redone"] for k in killed if "steps_redone" in k["phases"]]
+    redone = by_phase("steps_redone")[0]
     left_out = f", {dropped} left out (a run failed by itself as well)" if dropped else ""
     note = (f"{pairs} alternated pair(s){left_out}; digits, 2 {where} workers pinned to cores 0 and 1, {epochs} epochs, a "
             f"checkpoint every {EVERY} steps, max_restarts = 3, standby = {str(standby).lower()}; kill -9 of task 1 "
@@ -147,20 +151,20 @@ def measure(b: Bench, where: str, standby: bool, kill: Kill, hosts: Callable[[],
             + ", ".join(f"{words} {part(key)}" for key, words in PARTS)
             + f"; steps redone {Stat(redone).fmt() if redone else '-'}; the rest of the crash cost (the steps redone, "
             f"a slower first epoch after the restart, noise) {Stat(rest).fmt('s') if rest else '-'}")
-    timed = [(k["phases"]["took_s"], p["cold_start"]) for p, k in zip(plain, killed) if "took_s" in k["phases"]]
-    took, took_cold = [t for t, _ in timed], [c for _, c in timed]
-    reached = [k["phases"]["reached_step"] for k in killed if "reached_step" in k["phases"]]
-    rows = [Row(figure(where, standby, kill), Stat([b for b, _ in lost]), Stat([c for _, c in lost]), "s",
-                paired_ratio([b for b, _ in lost], [c for _, c in lost]), TARGET if standby else "",
-                f"the same pairs ({len(lost)} with the phase): the restarted attempt's back_s, from the failure until "
+    took, took_cold = by_phase("took_s")
+    back, back_cold = by_phase("back_s")
+    reached = by_phase("reached_step")[0]
+    rows = [Row(figure(where, standby, kill), Stat(back), Stat(back_cold), "s", paired_ratio(back, back_cold),
+                TARGET if standby else "",
+                f"the same pairs ({len(back)} with the phase): the restarted attempt's back_s, from the failure until "
                 f"the group had trained again to the step it had reached ({Stat(reached).fmt() if reached else '-'}), "
-                "by the progress reads around it") if lost else
+                "by the progress reads around it") if back else
             Row(figure(where, standby, kill), note="failed: no restarted attempt got back to the step reached",
                 target=TARGET if standby else ""),
             Row(figure(where, standby, kill, Cost.WALL), Stat(crash), Stat(cold), "s", paired_ratio(crash, cold), "",
                 note)]
     return rows + [Row(own_figure(where, standby, kill), Stat(took), Stat(took_cold), "s", paired_ratio(took, took_cold),
-                       "", f"the same {len(timed)} pair(s): the restarted attempt's phases, from the failure to its "
+                       "", f"the same {len(took)} pair(s): the restarted attempt's phases, from the failure to its "
                        "first step (detected + teardown + spawn + to first step)")]
 
 

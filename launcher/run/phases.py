@@ -78,38 +78,36 @@ class Phases:
         """What the attempt's end gives the next attempt's phases (nothing where no stop was decided: it succeeded)."""
         if self.decided_at is None:
             return {}
-        failure_at = self.detected[0] if self.detected else None
-        carried = ended(*(self.detected or (None, None)), self.decided_at, stopped_at)
-        at_failure = self.step_at(failure_at) if failure_at is not None else None
-        if at_failure is not None:
-            carried["reached_step"] = at_failure
+        failure_at, detected_at = self.detected or (None, None)
+        carried = ended(failure_at, detected_at, self.decided_at, stopped_at)
+        if failure_at is not None and self.points:
+            carried["reached_step"] = self.step_at(failure_at)
         return carried
 
-    def step_at(self, when: float) -> int | None:
-        """The group's global step at `when` (its failure): the last one read, carried forward at the rate
-        between the last two reads (a step counts once done)."""
-        if not self.points:
-            return None
+    def step_at(self, when: float) -> int:
+        """The group's global step at `when` (its failure), where a step was read: the last one read, carried
+        forward at the rate between the last two reads (a step counts once done)."""
         (g0, t0), (g1, t1) = self.points[0], self.points[-1]
         rate = (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
         return int(min(g1 + rate * min(max(0.0, when - t1), EXTRAPOLATE_MAX_S), self.total or math.inf))
 
-    def seen(self, progress: dict, now: float) -> tuple[float, float] | None:
+    def seen(self, progress: dict, now: float) -> bool:
         """Keep this record's (global step, time) as the group's latest, where it is one step count later
-        (the tasks step together); its time is the task's, kept within what came before and now."""
+        (the tasks step together); its time is the task's, kept within what came before and now. `progress`
+        is typed (launcher.run.progress): a time there is a finite number."""
         g, t = step(progress), progress.get("time")
         if step(progress, "steps_per_epoch") and step(progress, "epochs"):
             self.total = step(progress, "steps_per_epoch") * step(progress, "epochs")
-        if not isinstance(t, (int, float)) or not math.isfinite(t):
-            return None
+        if t is None:
+            return False
         t = min(max(t, self.points[-1][1] if self.points else t), now)
         first = progress.get("first_step_at")  # the attempt's first step: a rate from the first record on
-        if not self.points and isinstance(first, (int, float)) and math.isfinite(first) and first < t:
+        if not self.points and first is not None and first < t:
             self.points = [(step(progress, "first_global_step") + 1, first)]
         if self.points and g <= self.points[-1][0]:
-            return None
+            return False
         self.points = [*self.points, (g, t)][-2:]
-        return g, t
+        return True
 
     def spawning(self) -> None:
         self.spawn_at = time.time()
@@ -126,11 +124,11 @@ class Phases:
         a restart, took_s and steps_redone; the step the attempt before had reached, back_s."""
         ph = self.attempt.phases
         before = self.points[-1] if self.points else None
-        point = self.seen(progress, now)
+        moved = self.seen(progress, now)
         if step(progress) <= step(progress, "first_global_step"):
             return None
         if "first_step_s" in ph:
-            return self.back(before, point) if point else None
+            return self.back(before, self.points[-1]) if moved else None
         at = progress.get("first_step_at")  # the task's own time of its first step (the record is read later)
         start = self.started_at or self.spawn_at or now
         at = min(max(at, start), now) if isinstance(at, (int, float)) else now
