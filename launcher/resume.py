@@ -1,12 +1,15 @@
 """`up --resume [RUN]`: which earlier run a new run goes on from, whether it can, and the spec that does it
-(the built-in runner's `--resume-from`, the earlier run's checkpoint folder on each host)."""
+(the built-in runner's `--resume-run RUN`, and `--resume-from` the earlier run's checkpoint folder on each host);
+where a new run starts, from what its preflight found in the checkpoint folders."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 
-from launcher.errors import RunCorrupt, SpecError
+from launcher.engines.base import EngineKind, TaskCheck
+from launcher.errors import PreflightError, RunCorrupt, SpecError
 from launcher.listing import past_preflight, run_ids
 from launcher.plan import SECRET, run_root
 from launcher.run import files, record
@@ -14,6 +17,7 @@ from launcher.run.states import RunState
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
 from worker.host import layout
+from worker.startpoint import Refused, StartPoint, decide, look_first, options
 
 SHOWN_MAX = 12  # differences listed
 
@@ -70,10 +74,14 @@ def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpe
     that run's id.
     Refused (SpecError, exit 2) where it cannot: another engine, your own command, a run not ended or one that
     finished, a spec that differs from the one that run was started with."""
-    if spec.hosts is None:
-        raise SpecError(f"{spec_path}: --resume goes on from a local or SSH run's checkpoint. With [slurm] or "
-                        "[kubernetes], set checkpoint_dir to a folder every run sees (a shared folder, or the "
-                        "volume_claim): each new run resumes from the checkpoint it finds there.")
+    if spec.kubernetes is not None:
+        raise SpecError(f"{spec_path}: a JobSet run is started by kubectl, not by up: applied again with the same "
+                        "name it resumes its own checkpoint; to go on from another run's backup in a shared "
+                        "checkpoint_dir, add '--resume-run RUN' (that run's name) to [training] args.")
+    if spec.hosts is None and not spec.training.checkpoint_dir:
+        raise SpecError(f"{spec_path}: --resume of a Slurm run goes on from the backup in its checkpoint_dir: set "
+                        "[training] checkpoint_dir to a folder every run sees (on the shared workdir), as the run "
+                        "to go on from had it.")
     if spec.training.command is not None:
         raise SpecError(f"{spec_path}: --resume moves the built-in runner's checkpoint ('entrypoint'); your "
                         "command keeps its own: point it at the same folder again (MGPU_RUN_DIR names each run's "
@@ -85,8 +93,8 @@ def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpe
                         f"one checkpoint. Stop it first ('mgpu-cluster down {run_id}'; 'mgpu-cluster status "
                         f"{run_id}' asks its hosts when its launcher is gone), then resume.")
     if run.state == RunState.SUCCEEDED:
-        raise SpecError(f"--resume {run_id}: that run succeeded, so its training is over and its checkpoint was "
-                        "removed at its end; nothing is left to go on from. Start a new run instead.")
+        raise SpecError(f"--resume {run_id}: that run succeeded, so its training is over and its backup was removed "
+                        "at its end: nothing is left to train, and nothing was started. Start a new run instead.")
     changed = differences(spec_of(run), spec)
     if changed:
         more = f"\n  ... and {len(changed) - SHOWN_MAX} more" if len(changed) > SHOWN_MAX else ""
@@ -96,15 +104,39 @@ def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpe
                         f"{record.run_path(run_id) / 'spec.toml'}), or start a new run without --resume. Arguments "
                         "after -- are not part of the spec and may change.")
     if spec.training.checkpoint_dir:
-        return spec, (f"resuming run {run_id}: checkpoint_dir {spec.training.checkpoint_dir} is the spec's own, "
-                      "and a new run goes on from what it holds"), run_id
+        return (with_training_args(spec, ["--resume-run", run_id]),
+                f"resuming run {run_id} from the backup in checkpoint_dir {spec.training.checkpoint_dir}", run_id)
     folders = {layout.checkpoint_dir(run_root(h, run_id)) for h in spec.hosts}
     if len(folders) > 1:
         raise SpecError(f"{spec_path}: --resume needs one place for the checkpoint on every host, and these "
                         f"local hosts keep it in {len(folders)} ({', '.join(sorted(folders))}); give every "
                         "local host a workdir, or none.")
     folder = folders.pop()
-    training = spec.training.model_copy(update={"args": ["--resume-from", folder, *spec.training.args]})
     where = folder if posixpath.isabs(folder) else f"<workdir>/{folder}"
     said = f"resuming run {run_id} from its checkpoint ({where})"
-    return spec.model_copy(update={"training": training}), said, run_id
+    return with_training_args(spec, ["--resume-from", folder, "--resume-run", run_id]), said, run_id
+
+
+def with_training_args(spec: ClusterSpec, args: list[str]) -> ClusterSpec:
+    training = spec.training.model_copy(update={"args": [*args, *spec.training.args]})
+    return spec.model_copy(update={"training": training})
+
+
+def start_point(checks: list[TaskCheck], kind: EngineKind, run_id: str, spec_path: Path) -> StartPoint:
+    """Where a new run starts, from what the preflight found in each task's checkpoint folder (a Slurm run's, on
+    the shared workdir, is read here): fresh, or the backup of the run that --resume names. Another run's backup
+    or finished training, or nothing left to train: refused in one paragraph (PreflightError, exit 2)."""
+    points = []
+    for c in checks:
+        said = options(c.plan.argv)
+        found = c.checkpoint
+        if found is None and kind is EngineKind.SLURM and said.folders:
+            found = look_first([os.path.join(c.plan.cwd or "", os.path.expanduser(f)) for f in said.folders])
+        if found is None:
+            continue
+        try:
+            points.append(decide(found, run_id, said.resume_run, said.epochs, str(spec_path)))
+        except Refused as exc:
+            where = "" if kind is EngineKind.SLURM else f"{c.plan.host.label} (task {c.plan.index}): "
+            raise PreflightError(f"{where}{exc}") from None
+    return points[0] if points else StartPoint()

@@ -201,6 +201,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
             "failure": run.failure.to_json() if run.failure else None,
+            "start": run.start.to_json() if run.start else None,  # where its training starts (fresh: run null)
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
             "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
                           "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,

@@ -14,18 +14,17 @@ from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.run.phases import restarts_words
-from launcher.resume import resumed
+from launcher.resume import resumed, start_point
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
-from launcher.run.tables import checks_table, summary
+from launcher.run.tables import checks_table, refused, summary
 from launcher.run.states import RunState
 
 
 def refuse(checks) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
-        lines = "\n".join(f"  {c.label}: {'; '.join(c.problems)}" for c in bad)
-        raise PreflightError(f"preflight refused the cluster, nothing was started:\n{lines}\n"
+        raise PreflightError(f"preflight refused the cluster, nothing was started:\n{refused(checks)}\n"
                              "Fix these (free the port, correct the spec or the host) and run again.")
 
 
@@ -105,6 +104,9 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         out.show(checks_table(checks))
         refuse(checks)
         keep_findings(run, checks)
+        if spec.training.entrypoint:  # the built-in runner's checkpoint (a command keeps its own)
+            run.set_start(start_point(checks, engine.kind, run.run_id, spec_path))
+            out.say(f"run {run.run_id} {run.start.words()}")
         run.phases["preflight_s"] = round(time.time() - t0, 3)
         out.say(f"starting {len(run.tasks)} task(s); logs in {record.run_path(run.run_id)}")
         agent = Agent(spec, engine, owner, out)

@@ -76,16 +76,16 @@ def test_a_kill_after_fit_ended_restarts_with_nothing_left_to_train(cli, tmp_pat
     assert not wait_gone(cli.home, 5)
 
 
-def worker(tmp_path: Path, run: str, checkpoints: Path) -> subprocess.CompletedProcess:
+def worker(tmp_path: Path, run: str, checkpoints: Path, *more: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MGPU_RUN_ID": run, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "worker", "--entrypoint", "worker.examples.digits:task",
                            "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-dir", str(checkpoints),
-                           "--model-dir", str(tmp_path / "model")],
+                           "--model-dir", str(tmp_path / "model"), *more],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
-def test_a_restart_of_a_finished_run_trains_nothing_and_another_run_trains_again(tmp_path):
+def test_a_restart_of_a_finished_run_trains_nothing_and_another_run_is_refused_unless_asked(tmp_path):
     checkpoints = tmp_path / "checkpoint"
     first = worker(tmp_path, "run-a", checkpoints)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -96,7 +96,13 @@ def test_a_restart_of_a_finished_run_trains_nothing_and_another_run_trains_again
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing left to train" in again.stdout and "epoch 1/2" not in again.stdout, again.stdout
 
-    other = worker(tmp_path, "run-b", checkpoints)  # another run with this checkpoint folder trains in full
+    other = worker(tmp_path, "run-b", checkpoints)  # another run does not train into run-a's folder unasked
+    assert other.returncode == 2 and "holds run run-a's finished training" in other.stderr, other.stderr
+    other = worker(tmp_path, "run-b", checkpoints, "--resume-run", "run-a")  # asked: nothing is left to train
+    assert other.returncode == 2 and "nothing is left to train" in other.stderr, other.stderr
+
+    (checkpoints / "finished.json").unlink()  # the folder given up: another run trains in full
+    other = worker(tmp_path, "run-b", checkpoints)
     assert other.returncode == 0, other.stdout + other.stderr
     assert "epoch 1/2" in other.stdout and "epoch 2/2" in other.stdout, other.stdout
     assert json.loads((checkpoints / "finished.json").read_text())["run"] == "run-b"

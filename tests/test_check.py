@@ -56,8 +56,8 @@ def test_check_names_port_and_holder_pid(cli, tmp_path):
         holder.close()
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
-    assert f"port {port} is in use by pid {os.getpid()}" in out
-    assert "task 1" in out and "Traceback" not in out
+    assert f"[1] task 1 (localhost:{port}): port {port} is in use by pid {os.getpid()}" in " ".join(out.split())
+    assert out.count(f"in use by pid {os.getpid()} (") == 1 and "Traceback" not in out, out  # told once
 
 
 def test_check_reports_missing_interpreter_module_and_program(cli, tmp_path):

@@ -220,6 +220,74 @@ def test_a_live_runs_page_moves_draws_and_shows_a_killed_task_failed_within_3_s(
             wait_for(lambda: page.inner_text('[data-task="1"] .task-state') == "failed", 10, "task 1 shown failed")
             took = time.monotonic() - killed
             assert took < 3.0, f"task 1 shown failed {took:.1f} s after kill -9"
+
+            # a failure told by its cause: the exception raised in the user's model, and a refused run's reason
+            failed, where = raising_run(cli, tmp_path)
+            page.goto(f"{url}/runs/{failed}")
+            wait_for(lambda: page.query_selector("#failure .cause"), 15, "the failure's cause on the page")
+            assert page.inner_text("#failure .cause") == f"ValueError: Net wants 3 channels, got 1 at {where}, in call"
+            assert "Around it in its log" in page.inner_text("#failure")
+            refused, holder = refused_run(cli, tmp_path)
+            page.goto(f"{url}/runs/{refused}")
+            wait_for(lambda: f"in use by pid {holder}" in page.inner_text("#failure"), 15, "the refusal's reason shown")
             assert not errors, errors
     finally:
         cli("down", timeout=120)
+
+
+RAISES = """from worker import import_keras
+from worker.examples.digits import task as digits
+
+
+def model():
+    keras = import_keras()
+
+    class Net(keras.Model):  # built in fit: its call runs traced, in the first step
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(10, activation="softmax")
+
+        def call(self, inputs):
+            if inputs.shape[-1] != 3:
+                raise ValueError(f"Net wants 3 channels, got {inputs.shape[-1]}")
+            return self.dense(inputs)
+
+    return Net()
+
+
+def task():
+    t = digits()
+    t.model, t.epochs = model, 1
+    return t
+"""
+
+
+def raising_run(cli: Cli, tmp_path) -> tuple[str, str]:
+    """A two-task run whose model raises ValueError in its call, deep inside fit: its id and the raising line
+    (file:line), once `up` told the cause first in its closing paragraph and `status --json` gives it as fields."""
+    (tmp_path / "raises.py").write_text(RAISES)
+    line = next(n for n, text in enumerate(RAISES.splitlines(), 1) if "raise ValueError" in text)
+    where = f"{tmp_path / 'raises.py'}:{line}"
+    spec = write_spec(tmp_path, 'entrypoint = "raises:task"', extra=f'workdir = "{tmp_path}"\n', name="raises.toml")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    said = r.stderr[r.stderr.index("error: "):]
+    assert said.startswith("error: task ") and (f"exited with code 1: ValueError: Net wants 3 channels, got 1 (at "
+                                                f"{where}, in call). Every other task was stopped.") in said, said
+    failure = status_json(cli)["failure"]
+    cause = failure["cause"]
+    assert (cause["exception"], cause["message"], f"{cause['file']}:{cause['line']}", cause["function"]) == (
+        "ValueError", "Net wants 3 channels, got 1", where, "call"), failure
+    assert any("raise ValueError" in x for x in cause["lines"]) and "Around it in its log" in failure["message"]
+    return status_json(cli)["run_id"], where
+
+
+def refused_run(cli: Cli, tmp_path) -> tuple[str, int]:
+    """A run its preflight refused (its port is held by this process): its id and the holder's pid."""
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "pass"]', n=1, name="refused.toml")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(spec.read_text().split("port = ")[1].split()[0])))
+        holder.listen()
+        r = cli("up", spec, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    return json.loads(cli("ls", "--json", timeout=60).stdout)[0]["run_id"], os.getpid()

@@ -445,19 +445,40 @@ for step in range(1, 100000):
     with open(os.path.join(d, ".p"), "w") as f:
         json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
     os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    waited = time.monotonic()
     while True:  # an all-reduce: wait for the peer to reach this step
         try:
             if int(open(peer).read() or 0) >= step:
                 break
         except (OSError, ValueError):
             pass
+        if ABORT_AFTER_S and time.monotonic() - waited > ABORT_AFTER_S:  # as TensorFlow 2.21 aborts it
+            print(ABORT.replace("PEER", str(1 - int(i))), file=sys.stderr, flush=True)
+            sys.exit(1)
         time.sleep(0.01)
     time.sleep(0.2)
 """
+# What a peer's all-reduce prints when TensorFlow's coordination service aborts it (its own words, from a real
+# run of two digits tasks, one SIGSTOPped), before the launcher's heartbeat_timeout would name the hang.
+COORDINATION_ABORT = r"""
+ABORT = '''E0000 00:00:1795819394.664028   14733 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from /job:worker/task:PEER: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:PEER
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/tf_keras/src/engine/training.py", line 1853, in fit
+tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:
+
+Collective ops is aborted by: Error reported from /job:worker/task:PEER: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:PEER'''
+"""
 
 
-def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path):
-    spec = write_spec(tmp_path, script(tmp_path, "lockstep.py", LOCKSTEP), launch="heartbeat_timeout = 4")
+@pytest.mark.parametrize("abort_after", [0, 3], ids=["launcher-finds-it", "tensorflow-aborts-the-peer-first"])
+def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path, abort_after):
+    # the waiting peer: blocked in the all-reduce, or (as TensorFlow's coordination service does, its heartbeat
+    # timeout before the launcher's) aborted 3 s into the wait, exiting 1 with the words that name task 1
+    lockstep = f"ABORT_AFTER_S = {abort_after}\n{COORDINATION_ABORT}{LOCKSTEP}"
+    spec = write_spec(tmp_path, script(tmp_path, "lockstep.py", lockstep), launch="heartbeat_timeout = 6")
 
     def training():
         st = latest_state(cli)
@@ -470,7 +491,13 @@ def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path):
     failure = latest_state(cli)["failure"]
     assert failure["task"] == 1 and failure["kind"] == "hung", failure
     failure = failure["message"]
-    assert failure.startswith("task 1 ") and "stopped" in failure and "heartbeat_timeout" in failure, failure
+    assert failure.startswith("task 1 ") and "stopped" in failure, failure
+    assert "Where its training was" in failure and "lockstep.py" in failure, failure  # its stacks, taken at once
+    if abort_after:
+        assert "the coordination service aborted the collective of task 0 " in failure, failure
+        assert "exited with code 1" in failure and latest_state(cli)["tasks"][0]["exit_code"] == 1, failure
+    else:
+        assert "heartbeat_timeout" in failure, failure
     assert not wait_gone(cli.home, 5)
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import (IN_CI, REPO, Cli, launcher_traceback, latest_state, need, reap, run_processes, status_json,
                       wait_gone, write_spec)
+from within_probe import assert_within_epochs_are_means, copied_to
 
 
 def keras3_on_jax() -> bool:
@@ -45,10 +46,10 @@ ENTRY = "worker.examples.digits_keras3:task"
 EPOCH_LINE = re.compile(r"^task([\d,-]+)[^|]* \| epoch (\d+)/\d+ loss=", re.M)
 
 
-def jax_spec(tmp_path: Path, epochs: int, launch: str = "", args: tuple[str, ...] = ()) -> Path:
+def jax_spec(tmp_path: Path, epochs: int, launch: str = "", args: tuple[str, ...] = (), entry: str = ENTRY) -> Path:
     """Two local tasks x 2 CPU devices, global batch 64 (16/replica), base learning rate 0.001 (x4 after warm-up);
     progress.json written on every update, so that a test sees each epoch begin."""
-    training = (f'backend = "jax"\nentrypoint = "{ENTRY}"\nlocal_replicas = 2\nbatch_size_per_replica = 16\n'
+    training = (f'backend = "jax"\nentrypoint = "{entry}"\nlocal_replicas = 2\nbatch_size_per_replica = 16\n'
                 f"learning_rate = 0.001\nepochs = {epochs}\nargs = {json.dumps(list(args))}")
     return write_spec(tmp_path, training, launch=launch, env='MGPU_PROGRESS_INTERVAL = "0"')
 
@@ -100,7 +101,9 @@ def pair(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("pair")
     cli = Cli(tmp_path / "mgpu-home", tmp_path)
     weights = tmp_path / "weights"
-    r = cli("up", jax_spec(tmp_path, 5, args=("--save-weights", f"{weights}/w-{{task}}.npz")), timeout=300)
+    copied_to(tmp_path)  # the digits example, each batch's progress copied (within_probe)
+    r = cli("up", jax_spec(tmp_path, 5, args=("--save-weights", f"{weights}/w-{{task}}.npz"),
+                           entry="within_probe:task"), timeout=300)
     yield cli, r, weights
     left = reap(run_processes(cli.home))
     assert not left, f"processes left running after the run: {left}"
@@ -138,6 +141,7 @@ def test_status_and_the_report_of_a_jax_run_read_as_on_tensorflow(pair):
     for t in snap["tasks"]:
         assert (t["step"], t["steps_per_epoch"], t["global_step"], t["replicas"]) == (22, 22, 110, 4), t
         assert t["samples_per_sec"] > 0 and t["loss"] > 0, t
+        assert_within_epochs_are_means(t["run_dir"], 5)  # loss and metrics within epochs: means, as on TensorFlow
     table = cli("status", timeout=120)
     assert table.returncode == 0, table.stderr
     rows = [line.split() for line in table.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]

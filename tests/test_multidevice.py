@@ -21,6 +21,7 @@ from conftest import IN_CI, REPO, free_port, reap, wait_gone, write_spec
 from test_preempt_worker import (EXIT_PREEMPTED, STEPS, assert_resumed_at, assert_same_weights, mid_epoch_2,
                                  progress, run, start, wait_until)  # noqa: F401 (run: a fixture)
 from test_worker import Workers, read_progress, run_ok
+from within_probe import assert_within_epochs_are_means, copied_to
 
 from launcher.devices import TaskDevices, device_problems, loopback_warnings, nccl_env
 from worker.devices import task_devices
@@ -52,8 +53,11 @@ def test_one_host_with_two_local_replicas_trains_with_mirrored_strategy(tmp_path
 
 def test_two_workers_with_two_local_replicas_each_train_four_in_sync(cli, tmp_path, alone):
     # the spec's [training] local_replicas reaches every worker; the learning rate 4 x 0.001 after warm-up
-    spec = write_spec(tmp_path, training='entrypoint = "worker.examples.digits:task"\nlocal_replicas = 2\n'
-                                         "batch_size_per_replica = 16\nlearning_rate = 0.001")
+    # within_probe: the digits example, each batch's progress copied; every batch written (interval 0)
+    copied_to(tmp_path)
+    spec = write_spec(tmp_path, training='entrypoint = "within_probe:task"\nlocal_replicas = 2\n'
+                                         "batch_size_per_replica = 16\nlearning_rate = 0.001",
+                      env='TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0"')
     r = cli("up", spec, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("CollectiveAllReduceStrategy, 4 replica(s) in sync, global batch 64 (16/replica)") == 2
@@ -64,6 +68,8 @@ def test_two_workers_with_two_local_replicas_each_train_four_in_sync(cli, tmp_pa
     four = snap["tasks"][0]["metrics"]["val_accuracy"]
     assert four >= 0.90 and abs(four - accuracy(alone)) <= 0.02, (four, accuracy(alone))
     assert "replicas in sync: 4 over 2 worker(s)" in cli("status", timeout=60).stdout
+    for t in snap["tasks"]:  # loss and metrics within epochs: means over the 4 replicas, not their sum
+        assert_within_epochs_are_means(t["run_dir"], 5)
 
 
 @pytest.mark.cluster

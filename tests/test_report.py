@@ -2,6 +2,7 @@
 two-task digits runs on this machine (a clean one, one with a kill -9 and a restart, a refused one)."""
 
 import json
+import math
 import os
 import signal
 import socket
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DIGITS, latest_state, write_spec
+from conftest import DIGITS, latest_state, status_json, write_spec
+from test_dashboard import dashboard, scrape
 from launcher.diagnose import report, series
 from launcher.errors import ReportError
 from launcher.run.progress import typed, without_told
@@ -171,18 +173,20 @@ def test_a_history_of_an_older_worker_still_draws_its_epochs():
 def test_the_worker_keeps_recent_epoch_summaries_and_the_history_gets_each_once(tmp_path):
     writer = ProgressWriter(str(tmp_path), interval=0)
     for epoch in range(1, 12):
-        writer.epoch_end(epoch, 100.0 + epoch, 1234.5, 0.5 / epoch, {"accuracy": 0.9, "val_loss": float("nan")})
+        writer.update(epoch_samples=1234.5 * 2, epoch_train_s=2.0)
+        writer.epoch_end(epoch, 100.0 + epoch, 0.5 / epoch, {"accuracy": 0.9, "val_loss": float("nan")})
     writer.update()
     on_disk = json.loads((tmp_path / "progress.json").read_text())
     ends = typed(on_disk)["epoch_ends"]
     assert [e["epoch"] for e in ends] == list(range(12 - EPOCH_ENDS_KEPT, 12))
     assert ends[-1]["samples_per_sec"] == 1234.5 and ends[-1]["metrics"] == {"accuracy": 0.9}  # NaN: not a number
+    assert (ends[-1]["samples"], ends[-1]["train_s"]) == (2469.0, 2.0)
     first = typed(on_disk)
     assert without_told(first, [])["epoch_ends"] == ends
     assert without_told(first, ends)["epoch_ends"] == [] and without_told(first, ends[:-1])["epoch_ends"] == ends[-1:]
     paced = ProgressWriter(str(tmp_path / "paced"), interval=60)
     assert paced.update(force=True) and not paced.update(step=1)
-    paced.epoch_end(1, None, None, None, {})
+    paced.epoch_end(1, None, None, {})
     assert paced.update(step=2) and not paced.update(step=3)  # an epoch's end at once; the pace as it was
     assert [e["epoch"] for e in json.loads((tmp_path / "paced" / "progress.json").read_text())["epoch_ends"]] == [1]
 
@@ -223,6 +227,19 @@ def test_report_of_a_real_run_has_each_panels_data(cli, tmp_path):
     first_step = data["phases"][2]["end"]
     assert data["startups"] == [{"attempt": 0, "start": 0.0, "end": first_step}]
     assert not data["events"] and data["attempts"][0]["outcome"] == "succeeded"
+    points = [p for t in data["tasks"] for p in t["points"]]  # within epochs: means, never sums over the workers
+    assert all(p["metrics"].get("accuracy", 0) <= 1 and (p["loss"] or 0) < 2 * math.log(10) for p in points), points
+
+    # one training throughput: the last epoch's console line, status --json, /metrics and the report's data agree
+    last = shown[epochs]
+    snap = status_json(cli)
+    with dashboard(cli) as (_first, url, _port):
+        scraped = scrape(url)
+    for t in snap["tasks"]:
+        served = scraped[("mgpu_task_samples_per_second", (("run", snap["run_id"]), ("task", str(t["index"]))))]
+        drawn = next(e["samples_per_s"] for e in data["epochs"] if e["task"] == t["index"] and e["epoch"] == epochs)
+        assert all(abs(rate - last) <= 0.05 * last for rate in (t["samples_per_sec"], served, drawn)), \
+            (last, t["samples_per_sec"], served, drawn)
 
     fig = report.figure(data)
     rate, split, loss, metrics = fig.axes[:4]
@@ -264,14 +281,19 @@ def test_report_of_a_run_with_a_kill_9_names_the_signal_and_restarts(cli, tmp_pa
     f = first["failure"]
     assert (f["task"], f["exit_code"], f["signal"], f["kind"]) == (1, -9, "SIGKILL", "killed"), f
     kinds = [(e["kind"], e["label"]) for e in data["events"]]
+    unprinted = second["unprinted"]  # an epoch saved just before the kill whose line never came: named at the restart
+    said = "".join(f"; epoch {n}: saved, its line was not printed (attempt 0 ended before it)" for n in unprinted)
     assert kinds == [("failure", f"task 1 on {f['host']} was killed by SIGKILL (exit code -9)"),
-                     ("restart", "restart: attempt 1")], kinds
+                     ("restart", "restart: attempt 1" + said)] and len(unprinted) <= 1, kinds
     assert [s["attempt"] for s in data["startups"]] == [0, 1]  # the restart's start-up is compressed too
     assert {e["attempt"] for e in data["group"]["epochs"]} == {0, 1}
     # every epoch the console showed, the one just before the kill too (written at its end, read at the exit);
-    # an epoch whose checkpoint was saved just before the kill, and whose line never came, is in neither
+    # an epoch whose checkpoint was saved just before the kill, and whose line never came, is in neither: it is
+    # named at the restart, on the console too
     shown = console_rates(out)
     assert {e["epoch"] for e in data["group"]["epochs"]} == set(shown) and {1, epochs} <= set(shown), out
+    assert set(shown) | set(unprinted) == set(range(1, epochs + 1)) and not set(shown) & set(unprinted), out
+    assert all(f"epoch {n}: saved, its line was not printed" in out for n in unprinted), out
     words = " ".join(" ".join(report.notes(data)).split())
     assert " ".join(f["message"].split()) in words  # the reason, whole
     png = tmp_path / "killed.png"

@@ -58,10 +58,23 @@ def test_a_restart_is_measured_in_phases_and_told(cli, tmp_path, standby):
     print(f"\n{lines[0]}\n{ph}")
     for words in ("detected", "teardown", "spawn", "to first step", "redone"):
         assert words in lines[0], lines[0]
+    # estimates are named in --json and said "about" on screen: the step reached where it was carried forward
+    # past the last read (then the steps redone and the time back there too), the time back where it fell between
+    # two reads; measured figures are not
+    est = ph["estimated"]
+    assert set(est) <= {"reached_step", "steps_redone", "back_s"} and first["phases"]["estimated"] == [], ph
+    assert ("steps_redone" in est) == ("reached_step" in est) and ("reached_step" not in est or "back_s" in est), ph
+    about = {k: "about " if k in est else "" for k in ("reached_step", "steps_redone", "back_s")}
+    assert f"{about['steps_redone']}{ph['steps_redone']} step(s) redone" in lines[0], lines[0]
     # said once: in the first step's line where that was the step reached, else in a line of its own
-    back = [line for line in out.splitlines() if "restart 1" in line and "back at step" in line]
-    assert len(back) == 1 and f"back at step {ph['reached_step']} after {ph['back_s']:.1f} s" in back[0], out
+    back = [line for line in out.splitlines() if "restart 1" in line and "back at " in line]
+    words = f"back at {about['reached_step']}step {ph['reached_step']} after {about['back_s']}{ph['back_s']:.1f} s"
+    assert len(back) == 1 and words in back[0], out
+    assert ("about" in back[0]) == bool(est) and ("about" in lines[0]) == ("steps_redone" in est or (back == lines and bool(est))), out
     assert "1 restart(s) cost" in out and "back at the steps reached after" in out, out  # the summary
+    summary = next(line for line in out.splitlines() if "1 restart(s) cost" in line)
+    assert f"{about['steps_redone']}{ph['steps_redone']} step(s) redone" in summary, summary
+    assert f"back at the steps reached after {about['back_s']}{ph['back_s']:.1f} s" in summary, summary
 
     rid = snap["run_id"]
     data = series.load(cli.home / "runs" / rid)
@@ -113,12 +126,14 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     run = RunRecord(run_id="r", spec_path="s", tasks=[TaskRecord(index=i, host="h", address="h", port=1, run_dir="d",
                                                                 progress={"global_step": 30}) for i in (0, 1)])
     first = phases.Phases(Attempt(number=0, started_at=90.0), {}, 0)
-    for g, t in ((20, 99.0), (30, 99.5), (30, 99.6)):  # read every 0.5 s, 20 steps a second; a task's repeat
-        first.progress({"global_step": g, "first_global_step": 0, "time": t, "steps_per_epoch": 50, "epochs": 2},
-                       t + 0.1)
+    # read every 0.5 s, 20 steps a second; the other task's record at the same step (the tasks step together)
+    for task, g, t in ((0, 20, 99.0), (0, 30, 99.5), (1, 30, 99.6)):
+        first.progress({"task": task, "global_step": g, "first_global_step": 0, "time": t, "step": g,
+                        "steps_per_epoch": 50, "epochs": 2}, t + 0.1)
     first.detected, first.decided_at = (100.0, 100.05), 100.1  # failed() at these times
     carried = first.ended(100.2)  # its step at the failure: 30 read, 10 more at the rate between the reads
     assert carried["reached_step"] == 40 and carried["failed_at"] == 100.0, carried
+    assert carried["estimated"] == ["reached_step"], carried  # carried forward: an estimate
 
     attempt = Attempt(number=1, started_at=100.3)
     marks = phases.Phases(attempt, carried, phases.reached(run))
@@ -131,10 +146,12 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     assert attempt.phases["back_s"] == 3.5, attempt.phases  # step 40 half-way from 36 (its first, at 103.0) to 44
     assert marks.progress({"global_step": 50, "first_global_step": 35, "time": 104.5}, 104.6) is None  # once
     ph = phases.told(attempt)
-    assert phases.restart_line(1, ph).endswith("5 step(s) redone; back at step 40 after 3.5 s"), ph
-    assert phases.back_line(1, ph).startswith("restart 1: back at step 40 after 3.5 s"), phases.back_line(1, ph)
+    assert ph["estimated"] == ["reached_step", "steps_redone", "back_s"], ph  # all three from the carried step
+    assert phases.restart_line(1, ph).endswith("about 5 step(s) redone; back at about step 40 after about 3.5 s"), ph
+    assert phases.back_line(1, ph).startswith("restart 1: back at about step 40 after about 3.5 s"), ph
     run.attempts = [Attempt(number=0, started_at=90.0), attempt]
-    assert phases.restarts_words(run).endswith("back at the steps reached after 3.5 s in all")
+    assert phases.restarts_words(run).endswith("about 5 step(s) redone; back at the steps reached after about 3.5 s "
+                                               "in all"), phases.restarts_words(run)
 
     # resumed at the step reached (a crash just after a save): back at its first step
     again = Attempt(number=1, started_at=100.3)
@@ -144,6 +161,8 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     assert marks.progress({"global_step": 36, "first_global_step": 35, "first_step_at": 103.0, "time": 103.2},
                           103.3) is phases.Mark.FIRST_STEP
     assert again.phases["back_s"] == again.phases["took_s"] == 3.0, again.phases
+    assert phases.told(again)["estimated"] == [], again.phases  # the step it saved at: measured, so is its time
+    assert phases.restart_line(1, phases.told(again)).endswith("0 step(s) redone; back at step 35 after 3.0 s")
 
     # carried forward at most EXTRAPOLATE_MAX_S (a task that stopped stepping long before: a hang), never past the end
     hung = phases.Phases(Attempt(number=0, started_at=0.0), {}, 0)
@@ -165,6 +184,102 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     assert marks.progress({"global_step": 1, "first_global_step": 0, "first_step_at": 4.0, "time": 4.5}, 5.0) \
         is phases.Mark.FIRST_STEP
     assert "back_s" not in started.phases and "back" not in phases.restart_line(1, phases.told(started))
+
+
+def test_a_step_is_an_estimate_only_where_it_was_carried_forward_never_over_validation():
+    from launcher.run import phases
+    from launcher.run.record import Attempt
+
+    def attempt(records, failure_at=20.0):
+        """An attempt that read `records` (task, global step, step, time), failing at `failure_at`: what it carries."""
+        marks = phases.Phases(Attempt(number=0, started_at=0.0), {}, 0)
+        for task, g, s, t in records:
+            marks.progress({"task": task, "global_step": g, "step": s, "first_global_step": 0, "time": t,
+                            "steps_per_epoch": 22, "epochs": 10}, t)
+        marks.detected, marks.decided_at = (failure_at, failure_at), failure_at
+        return marks.ended(failure_at + 1)
+
+    # training: the step read, carried forward at the rate between the last two reads: an estimate
+    carried = attempt([(0, 112, 2, 18.0), (0, 122, 12, 19.0)])
+    assert carried["reached_step"] == 132 and carried["estimated"] == ["reached_step"], carried
+    # never past its epoch's last step: validation (and its save) follow it, not the next epoch's steps
+    carried = attempt([(0, 120, 10, 18.0), (0, 130, 20, 19.0)])
+    assert carried["reached_step"] == 132 and carried["estimated"] == ["reached_step"], carried
+    # read at the epoch's last step: what follows is validation, which trains no step: measured, unmarked
+    carried = attempt([(0, 122, 12, 18.0), (0, 132, 22, 19.0), (1, 132, 22, 19.1)])
+    assert carried["reached_step"] == 132 and "estimated" not in carried, carried
+    # validating after a read mid-epoch: the task's records at the step it told before, written later
+    carried = attempt([(0, 120, 10, 18.0), (0, 130, 20, 19.0), (1, 130, 20, 19.1), (0, 130, 20, 19.5)])
+    assert carried["reached_step"] == 130 and "estimated" not in carried, carried
+    # the failure right at a read: nothing carried, nothing estimated
+    carried = attempt([(0, 112, 2, 18.0), (0, 122, 12, 19.0)], failure_at=19.0)
+    assert carried["reached_step"] == 122 and "estimated" not in carried, carried
+
+    # the restart of one killed in validation (the record said 132, it resumed at 132): all measured, unmarked
+    resumed = Attempt(number=1, started_at=21.0)
+    marks = phases.Phases(resumed, attempt([(0, 122, 12, 18.0), (0, 132, 22, 19.0)]), 132)
+    marks.spawn_at = 21.0
+    marks.all_started(21.5, 0)
+    assert marks.progress({"global_step": 133, "first_global_step": 132, "first_step_at": 23.0, "time": 23.1},
+                          23.2) is phases.Mark.FIRST_STEP
+    ph = phases.told(resumed)
+    assert (ph["reached_step"], ph["steps_redone"], ph["back_s"], ph["estimated"]) == (132, 0, 3.0, []), ph
+    assert phases.restart_line(1, ph).endswith("0 step(s) redone; back at step 132 after 3.0 s"), ph
+    assert "about" not in phases.restart_line(1, ph)
+
+
+def test_an_epoch_saved_before_a_restart_whose_line_never_came_is_listed():
+    from launcher.diagnose import series, timeline
+    from launcher.diagnose.values import Clock
+    from launcher.run import phases
+    from launcher.run.record import Attempt
+
+    def record(epoch, step, ends, t, first_epoch=1):
+        return {"task": 0, "epoch": epoch, "step": step, "global_step": (epoch - 1) * 22 + step, "steps_per_epoch": 22,
+                "epochs": 10, "first_epoch": first_epoch, "first_global_step": (first_epoch - 1) * 22, "time": t,
+                "first_step_at": 1.0, "epoch_ends": [{"epoch": e} for e in ends]}
+
+    first = phases.Phases(Attempt(number=0, started_at=0.0), {}, 0)
+    first.progress(record(1, 5, [], 2.0), 2.0)
+    for epoch in range(2, 7):  # epochs 1-5 told (their lines printed); epoch 6 trained and saved, then the kill
+        first.progress(record(epoch, 11, list(range(1, epoch)), 2.0 + epoch), 2.0 + epoch)
+    first.progress(record(6, 22, [1, 2, 3, 4, 5], 9.0), 9.0)
+    first.detected, first.decided_at = (10.0, 10.0), 10.0
+    carried = first.ended(11.0)
+    assert carried["epoch_told"] == 5, carried
+
+    restarted = Attempt(number=1, started_at=11.0)
+    marks = phases.Phases(restarted, carried, 132)
+    assert marks.progress(record(7, 1, [], 13.0, first_epoch=7), 13.0) is phases.Mark.FIRST_STEP
+    ph = phases.told(restarted)
+    assert ph["epochs_unprinted"] == [6], ph
+    line = phases.restart_line(1, ph)
+    assert line.endswith("; epoch 6: saved, its line was not printed (attempt 0 ended before it)"), line
+    assert "epoch 6" not in phases.restart_line(1, ph, epochs=False)
+    # the next restart does not list it again
+    marks.progress(record(7, 5, [], 14.0, first_epoch=7), 14.0)
+    marks.detected, marks.decided_at = (15.0, 15.0), 15.0
+    again = Attempt(number=2, started_at=16.0)
+    later = phases.Phases(again, marks.ended(16.0), 140)
+    later.progress(record(7, 1, [], 18.0, first_epoch=7), 18.0)
+    assert "epochs_unprinted" not in again.phases, again.phases
+    # a run that resumed another's checkpoint (its first attempt from epoch 4): the epochs before are not its own
+    other = phases.Phases(Attempt(number=0, started_at=0.0), {}, 0)
+    other.progress(record(4, 1, [], 2.0, first_epoch=4), 2.0)
+    other.detected, other.decided_at = (3.0, 3.0), 3.0
+    assert other.ended(4.0)["epoch_told"] == 3
+
+    # the report and the page: the restart event says it (the restart's own line in the notes does not repeat it)
+    run = {"run_id": "20991231-235959-dead", "state": "succeeded", "created_at": 0.0, "ended_at": 30.0,
+           "attempts": [{"number": 0, "started_at": 1.0, "ended_at": 10.5, "outcome": "failed", "phases": {}},
+                        {"number": 1, "started_at": 11.0, "ended_at": 30.0, "outcome": "succeeded",
+                         "phases": {**restarted.phases, "epochs_unprinted": [6, "x"]}}], "tasks": []}
+    data = series.build(run, [])
+    (event,) = [e for e in data["events"] if e["kind"] == "restart"]
+    assert event["label"] == ("restart: attempt 1; epoch 6: saved, its line was not printed (attempt 0 ended "
+                              "before it)"), event
+    assert "epoch 6" not in data["restart_phases"][0]["line"]
+    assert timeline.attempts(run, Clock(0.0, 30.0))[1]["unprinted"] == [6]
 
 
 def test_the_report_places_each_restarts_phases_and_leaves_out_damaged_ones():

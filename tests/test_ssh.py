@@ -427,8 +427,8 @@ def test_unreachable_worker_pair_found_by_the_cluster_check(cli, th, tmp_path):
         subprocess.run(["ip", "-n", a.netns, "route", "del", "blackhole", f"{b.address}/32"], check=True)
     out = " ".join((r.stdout + r.stderr).split())
     assert r.returncode == 2, out
-    assert f"cannot reach task 1 at {b.address}:{PORT} from {a.address}" in out, out
-    assert f"cannot reach task 0 at {a.address}:{PORT} from {b.address}" in out, out
+    assert f"task 0 ({a.address}:{PORT}): cannot reach task 1 at {b.address}:{PORT}" in out, out
+    assert f"task 1 ({b.address}:{PORT}): cannot reach task 0 at {a.address}:{PORT}" in out, out
     assert not (tmp_path / "started").exists()
     nothing_started(tmp_path, cli)
     # the listeners of the check are gone: nothing listens on the port (SO_REUSEADDR: TIME_WAIT left

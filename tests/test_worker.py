@@ -25,7 +25,8 @@ from worker.strategy import cluster_from_env, task_id_from_env, wait_for_chief
 
 REPO = Path(__file__).resolve().parents[1]
 WRITER_FIELDS = {"task", "state", "epoch", "epochs", "step", "steps_per_epoch", "global_step",
-                 "first_epoch", "first_global_step", "loss", "metrics", "samples_per_sec", "time", "pid", "epoch_ends"}
+                 "first_epoch", "first_global_step", "loss", "metrics", "samples_per_sec", "epoch_samples",
+                 "epoch_train_s", "time", "pid", "epoch_ends"}
 PROGRESS_FIELDS = WRITER_FIELDS | {"compute_ms", "wait_ms", "replicas", "first_step_at"}  # the built-in runner adds these
 
 

@@ -10,7 +10,7 @@ import importlib
 # Where each public name lives. Resolved on first use, so that the supervisor and the
 # launcher, which import only submodules, do not pay for the runner and strategy modules.
 _HOME = {
-    "ProgressWriter": "progress", "read_progress": "progress", "ProgressCallback": "progress",
+    "ProgressWriter": "progress", "read_progress": "progress", "ProgressCallback": "progress_keras",
     "DataContext": "entrypoint", "RunConfig": "runner", "Task": "entrypoint", "WorkerError": "entrypoint",
     "run": "runner", "save_model": "runner",
     "ClusterInfo": "strategy", "cluster_from_env": "strategy", "dataset_options": "strategy",

@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", metavar="DIR",
                    help="go on from the checkpoint in DIR (an earlier run's): its files are linked into "
                         "this run's checkpoint folder when that holds none (`up --resume`)")
+    p.add_argument("--resume-run", metavar="RUN",
+                   help="the run whose backup this run may start from (`up --resume RUN` gives it); without it, "
+                        "a backup of another run in the checkpoint folder is refused")
     p.add_argument("--checkpoint-every-steps", type=positive, metavar="N",
                    help="also save a checkpoint every N global steps, so that a run killed "
                         "without notice resumes mid-epoch (default: the task's, else only at "
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         entrypoint=args.entrypoint, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
         batch_size_per_replica=args.batch_size_per_replica, learning_rate=args.learning_rate,
         scale_learning_rate=args.scale_learning_rate, checkpoint_dir=args.checkpoint_dir,
-        resume_from=args.resume_from,
+        resume_from=args.resume_from, resume_run=args.resume_run,
         checkpoint_every_steps=args.checkpoint_every_steps,
         tensorboard=args.tensorboard, mixed_precision=args.mixed_precision,
         model_dir=args.model_dir, run_dir=args.run_dir, save_weights=args.save_weights,

@@ -12,9 +12,11 @@ import signal
 import threading
 from typing import Callable
 
+from worker import startpoint
 from worker.data import counts_over_workers
 from worker.entrypoint import WorkerError
 from worker.host.procs import ENV_RUN
+from worker.startpoint import FINISHED, Found, Refused, StartPoint
 
 
 class Preempted(Exception):
@@ -44,8 +46,7 @@ def notice_held():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-TF_BACKUP = "chief"  # tf_keras's backup folder in the checkpoint folder (the chief's, which every worker reads)
-FINISHED = "finished.json"  # in the checkpoint folder: {"run": id} whose training ended, every task's model saved
+TF_BACKUP = startpoint.BACKUPS[0]  # tf_keras's backup folder in the checkpoint folder (the chief's, which all read)
 NOTHING_LEFT = "this run's training finished in an earlier attempt (every task saved): nothing left to train"
 
 
@@ -105,6 +106,8 @@ def tell_finished(barrier: Callable[[], object], chief: bool, checkpoint_dir: st
              "resumes after its last step")
         return
     shutil.rmtree(backup_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):  # finished.json names the run now; no backup is left to own
+        os.remove(os.path.join(checkpoint_dir, startpoint.OWNER))
 
 
 def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
@@ -122,6 +125,37 @@ def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
                           f"not (checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on "
                           "storage that every host shares, or delete the backup to start over")
     return finished_agreed([v >> 1 for v in seen], checkpoint_dir)
+
+
+def start_point(found: Found, epochs: int, resume_run: str | None) -> StartPoint:
+    """Where this run starts from what its checkpoint folder held before the tasks agreed (`found`, read before
+    the chief claims the folder): its own backup (a restart), the backup of the run it was asked to go on from
+    (--resume-run), else fresh; another run's backup or finished training, or nothing left to train: refused.
+    A worker started by hand (no run id) takes whatever backup is there, as BackupAndRestore does."""
+    if not run_id():
+        return StartPoint()
+    try:
+        return startpoint.decide(found, run_id(), resume_run, epochs)
+    except Refused as exc:
+        raise WorkerError(str(exc)) from None
+
+
+def claim(checkpoint_dir: str, start: StartPoint, chief: bool) -> None:
+    """The chief writes the owner file (this run, where it starts) before any backup of its own exists, so that a
+    restart of this run finds its backup claimed; each backup then moves it on (`backed_up`)."""
+    if chief and run_id():
+        startpoint.write_owner(checkpoint_dir, StartPoint(run_id(), start.epoch, start.step, start.steps_done))
+
+
+def backed_up(checkpoint_dir: str, epochs_done: int, step_in_epoch: int, steps: int) -> None:
+    """After the chief's backup: the owner file says where it resumes (`step_in_epoch` steps of the epoch after
+    `epochs_done` finished epochs are done; a finished epoch resumes at the next one's step 1)."""
+    if not run_id():
+        return
+    if step_in_epoch >= steps:
+        epochs_done, step_in_epoch = epochs_done + 1, 0
+    startpoint.write_owner(checkpoint_dir, StartPoint(run_id(), epochs_done + 1, step_in_epoch + 1,
+                                                      epochs_done * steps + step_in_epoch))
 
 
 NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
@@ -198,6 +232,11 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             elif batch + 1 == steps or (every and step % every == 0):
                 self._backup(epoch=self._current_epoch, batch=batch)
 
+        def _backup(self, epoch, batch=0):
+            super()._backup(epoch=epoch, batch=batch)
+            if info.is_chief:
+                backed_up(checkpoint_dir, int(epoch), int(batch) + 1, steps)
+
         def on_train_end(self, logs=None):
             super().on_train_end(logs)
             if self._watcher is not None:
@@ -214,8 +253,6 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             raise Preempted(f"saved a checkpoint at global step {backup.stopped_at} on notice")
 
     return [backup, keras.callbacks.LambdaCallback(on_train_batch_end=stop)]
-
-
 
 
 def _say(line: str) -> None:

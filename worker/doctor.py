@@ -21,6 +21,7 @@ from worker.devices import gpu_indices, interface_for, task_devices
 from worker.host.env import Backend
 from worker.packages import missing_problem, versions
 from worker.mesh import mesh
+from worker.startpoint import look_first
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import Ports
 from worker.task.lines import printable
@@ -116,10 +117,12 @@ def _keep_tail(stream, into: bytearray) -> None:
 class ImportCheck:
     """The entrypoint imported as the runner will (`python -m worker.entrypoint`, this interpreter, the task's
     folder and environment), in a child of its own: started at once, read last, bounded by a timeout; what the
-    module prints is untrusted and cut."""
+    module prints is untrusted and cut. `python`: the interpreter as the spec names it for this host (the hint's)."""
 
-    def __init__(self, entrypoint: str, cwd: str, env: dict[str, str], timeout: float = IMPORT_TIMEOUT_S):
+    def __init__(self, entrypoint: str, cwd: str, env: dict[str, str], timeout: float = IMPORT_TIMEOUT_S,
+                 python: str | None = None):
         self.entrypoint, self.cwd, self.timeout = entrypoint, cwd, timeout
+        self.python = python or sys.executable
         self.deadline = time.monotonic() + timeout
         self.out, self.err = bytearray(), bytearray()
         argv = module_argv(sys.executable, "worker.entrypoint") + [entrypoint]
@@ -138,26 +141,28 @@ class ImportCheck:
         except subprocess.TimeoutExpired:
             self.stop()
             return (f"importing entrypoint module {module!r} did not finish within {self.timeout:g} s (in "
-                    f"{self.cwd}, with {sys.executable}): does it load data or wait at import? Move that into "
+                    f"{self.cwd}, with {self.python}): does it load data or wait at import? Move that into "
                     "the entrypoint function")
         for t in self.readers:
             t.join(1.0)
         try:
             report = json.loads(bytes(self.out).decode("utf-8", "replace").strip().splitlines()[-1])
             ok, error, where = report["ok"] is True, printable(str(report.get("error"))), report.get("where")
+            raised = report.get("raised") is not False
         except (ValueError, IndexError, KeyError, TypeError, AttributeError):
             said = bytes(self.err).decode("utf-8", "replace").strip().splitlines() or ["no output"]
             return (f"importing entrypoint module {module!r} ended (exit code {self.proc.returncode}) before it "
-                    f"could say how it went, in {self.cwd} with {sys.executable}: {printable(said[-1])}")
+                    f"could say how it went, in {self.cwd} with {self.python}: {printable(said[-1])}")
         if ok:
             return None
-        at = f" ({printable(str(where))})" if where else ""
+        if not raised:  # imported, but no such function there
+            return f"entrypoint {self.entrypoint!r}: {error} (in {self.cwd}, with {self.python})"
+        at = f" at {printable(str(where))}" if where else ""
         shadow = [n for n in ("worker.py", "worker") if os.path.exists(os.path.join(self.cwd, n))]
         note = (f"; {os.path.join(self.cwd, shadow[0])} has the name of mgpu-cluster's package 'worker', which "
                 "the runner imports first: rename yours" if shadow and "worker" in error else "")
-        return (f"entrypoint {self.entrypoint!r} cannot be imported in {self.cwd} with {sys.executable}: "
-                f"{error}{at}{note}. Run `{os.path.basename(sys.executable)} -c 'import {module}'` there to see "
-                "the whole traceback")
+        return (f"entrypoint {self.entrypoint!r} cannot be imported: {error}{at}{note}. Run "
+                f"`{self.python} -c 'import {module}'` in {self.cwd} to see the whole traceback")
 
     def stop(self) -> None:
         try:
@@ -173,7 +178,7 @@ def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str]) -> di
     for t in tasks:
         cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
         if cwd not in found and os.path.isdir(cwd):
-            found[cwd] = ImportCheck(entrypoint, cwd, env)
+            found[cwd] = ImportCheck(entrypoint, cwd, env, python=t.get("python"))
     return found
 
 
@@ -248,6 +253,9 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
         for p in t.get("writable", []):
             path = os.path.join(cwd, os.path.expanduser(p))
             problems.append(once(("writable", path), writable_problem, path))
+        if t.get("checkpoint"):  # what the run would start from: the launcher decides (launcher.resume)
+            folders = [os.path.join(cwd, os.path.expanduser(p)) for p in t["checkpoint"]]
+            entry["checkpoint"] = look_first(folders).to_json()
         entry["problems"] = [p for p in problems if p]
     return {"hostname": socket.gethostname(), "python": sys.executable, "versions": found, "tasks": results}
 
@@ -255,8 +263,9 @@ def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str |
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.doctor", description=__doc__)
     parser.add_argument("--task", action="append", default=[], type=json.loads, metavar="JSON",
-                        help='one task: {"index", "port", "cwd"?, "writable": [...], "gpus"?: [...] | "all" | "none", '
-                        '"local_replicas"?, "address"?}')
+                        help='one task: {"index", "port", "cwd"?, "writable": [...], "checkpoint"?: [...], '
+                        '"gpus"?: [...] | "all" | "none", "local_replicas"?, "address"?, "python"?: the spec\'s '
+                        'name for this interpreter}')
     parser.add_argument("--entrypoint")
     parser.add_argument("--program")
     parser.add_argument("--backend", type=Backend, choices=list(Backend), default=Backend.TENSORFLOW,

@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import site
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -22,7 +24,12 @@ __all__ = ["DataContext", "EntrypointError", "Task", "WorkerError", "first_set",
 
 
 class EntrypointError(WorkerError):
-    """The entrypoint cannot be imported, called, or returned something that is not a Task."""
+    """The entrypoint cannot be imported, called, or returned something that is not a Task; `reason`: the
+    message less its "entrypoint 'x':" (the preflight names the entrypoint itself)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass
@@ -87,7 +94,8 @@ def resolve_entrypoint(spec: str) -> Callable[[], Any]:
     """Imports `module:function` (the current directory importable); returns the function."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name:
-        raise EntrypointError(f"entrypoint {spec!r} must look like 'module:function'")
+        raise EntrypointError(f"entrypoint {spec!r} must look like 'module:function'",
+                              "it must look like 'module:function'")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -96,8 +104,8 @@ def resolve_entrypoint(spec: str) -> Callable[[], Any]:
         raise EntrypointError(f"entrypoint {spec!r}: cannot import {module_name!r}: {exc}") from exc
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise EntrypointError(f"entrypoint {spec!r}: {module_name!r} has no function "
-                              f"{func_name!r}")
+        reason = f"module {module_name!r} has no function {func_name!r}"
+        raise EntrypointError(f"entrypoint {spec!r}: {reason}", reason)
     return func
 
 
@@ -124,19 +132,45 @@ def first_set(*values, default):
     return default
 
 
+def not_users() -> tuple[str, ...]:
+    """The folders whose files are not the user's own: the standard library, installed packages, ours."""
+    paths = sysconfig.get_paths()
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    found |= set(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    found |= {site.getusersitepackages(), os.path.join(ours, "worker"), os.path.join(ours, "launcher")}
+    return tuple(os.path.realpath(f) + os.sep for f in found if f)
+
+
+def users_frame(exc: BaseException) -> str | None:
+    """`file:line` of the innermost frame in the user's own files (relative to the current folder when
+    under it), not in the standard library, installed packages or ours; None when there is none."""
+    skip = not_users()
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename or frame.filename.startswith("<") or not os.path.isabs(frame.filename):
+            continue
+        path = os.path.realpath(frame.filename)
+        if path.startswith(skip):
+            continue
+        shown = os.path.relpath(path)
+        return f"{path if shown.startswith('..') else shown}:{frame.lineno}"
+    return None
+
+
 def import_report(spec: str) -> dict:
-    """Import the entrypoint as the runner does: {"ok": true}, or what went wrong and where."""
+    """Import the entrypoint as the runner does: {"ok": true}, or what went wrong ("error"), whether the module
+    raised it ("raised") and the user's own line where it did ("where", file:line)."""
     try:
         resolve_entrypoint(spec)
         return {"ok": True}
     except EntrypointError as exc:
-        return {"ok": False, "error": str(exc)}
+        if exc.__cause__ is None:
+            return {"ok": False, "error": exc.reason, "raised": False}
+        raised: BaseException = exc.__cause__  # the ImportError itself: where the user's module imports it
     except BaseException as exc:  # whatever the module raised at import (SystemExit and KeyboardInterrupt too)
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = next((f for f in reversed(frames) if f.filename != __file__ and "importlib" not in f.filename),
-                     None)
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}".strip(),
-                "where": f"{where.filename}, line {where.lineno}" if where else None}
+        raised = exc
+    return {"ok": False, "error": f"{type(raised).__name__}: {raised}".strip().rstrip(":"), "raised": True,
+            "where": users_frame(raised)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from worker import checkpoints
-from worker.checkpoints import (NOTHING_LEFT, TF_BACKUP, Preempted, checkpoint_callbacks, notice_held,
-                                start_agreed, tell_finished)
+from worker.checkpoints import (NOTHING_LEFT, TF_BACKUP, Preempted, checkpoint_callbacks, claim, notice_held,
+                                start_agreed, start_point, tell_finished)
 from worker.data import counts_over_workers, input_pipelines
 from worker.host import layout
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
                                load_entrypoint, resolve_entrypoint)
 from worker.progress import ProgressWriter
 from worker.protocol import ProgressState
+from worker.startpoint import look
 from worker.strategy import cluster_from_env, task_id_from_env
 
 __all__ = ["DataContext", "EntrypointError", "Preempted", "RunConfig", "Task", "WorkerError",
@@ -46,6 +47,7 @@ class RunConfig:
     scale_learning_rate: bool = True
     checkpoint_dir: str | None = None
     resume_from: str | None = None  # an earlier run's checkpoint folder, adopted when this run has none
+    resume_run: str | None = None  # the run whose backup this run may start from (`up --resume RUN`)
     checkpoint_every_steps: int | None = None
     tensorboard: str | None = None
     mixed_precision: bool = False
@@ -157,8 +159,10 @@ def run(config: RunConfig) -> dict:
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
+    found = look(checkpoint_dir)
     if start_agreed(tf, strategy, checkpoint_dir, info.num_workers):
         return nothing_left(writer, task_id, epochs)
+    claim(checkpoint_dir, start_point(found, epochs, config.resume_run), info.is_chief)
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica * replicas
     writer.update(force=True, epochs=epochs, replicas=replicas)
@@ -175,7 +179,7 @@ def run(config: RunConfig) -> dict:
         model.compile(optimizer=build_optimizer(keras, task, learning_rate), loss=task.loss,
                       metrics=list(task.metrics))
 
-    from worker.progress import ProgressCallback
+    from worker.progress_keras import ProgressCallback
 
     clock = _step_clock(tf, model)
     progress = ProgressCallback(writer=writer, epochs=epochs, steps_per_epoch=steps,
@@ -243,12 +247,12 @@ def _step_clock(tf, model):
 def _callbacks(config: RunConfig, task: Task, keras, tf, checkpoint_dir: str, steps: int, info, writer, clock,
                progress) -> list:
     """fit's callbacks in their order: the step clock first (its step ends before any other callback's work),
-    then the backup (a step is backed up before anyone reports it finished), TensorBoard, progress, the
+    progress's stopwatch (a step's training time ends there), then the backup (a step is backed up before anyone reports it finished), TensorBoard, progress, the
     Task's own, and the notice's stopper last."""
     every = first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None)
     backup, stopper = checkpoint_callbacks(keras, tf, checkpoint_dir, steps, every, info,
                                            lambda: writer.update(force=True, state=str(ProgressState.PREEMPTING)))
-    callbacks = [clock.callback(), backup] if clock is not None else [backup]
+    callbacks = [*([clock.callback()] if clock is not None else []), progress.stopwatch(), backup]
     if config.tensorboard:
         # tf_keras sends non-chief workers' logs to a temporary folder and removes it
         callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))

@@ -44,7 +44,8 @@ def status(run_id: str) -> dict:
     seen = runs.look(record.load(checked(run_id)))
     run = seen.run
     return {**runs.snapshot(run, seen.probes), "unrecorded": seen.unrecorded, "refused": listing.refused(run),
-            "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at}
+            "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at,
+            "start_said": run.start.words() if run.start else None}  # as `up` told it
 
 
 def series(run_id: str) -> dict:

@@ -13,7 +13,8 @@ from launcher.run.states import TaskState
 
 TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs)."),
-    "mgpu_task_samples_per_second": ("samples_per_sec", "The task's recent training rate."),
+    "mgpu_task_samples_per_second": ("samples_per_sec", "Training throughput of the task's group, its epoch so far: "
+                                     "samples trained / seconds spent training them (no validation or saves)."),
     "mgpu_task_heartbeat_age_seconds": ("heartbeat_age", "Seconds since the task's progress last changed."),
     "mgpu_task_compute_ms": ("compute_ms", "The task's own work per step (ms)."),
     "mgpu_task_wait_ms": ("wait_ms", "Time per step the task waited for its peers (ms)."),

@@ -44,8 +44,8 @@ def _lines(ax, points: list[dict], key: str, style: str, label: str, value=None,
 
 
 def throughput(ax, data: dict) -> None:
-    """Each epoch's own samples/s as a bar over the time it was measured, the rate within epochs as a line;
-    the group's rate, once (series: group)."""
+    """The training throughput (worker.progress.training_rate): each epoch's as a bar over the time it took, the
+    epoch's so far as a line; the group's, once (series: group)."""
     epochs = [e for e in data["group"]["epochs"] if e["samples_per_s"] is not None]
     within = data["group"]["within"]
     label = "per epoch: its console\nline's samples/s"
@@ -61,12 +61,12 @@ def throughput(ax, data: dict) -> None:
                     xytext=(0, -3), ha="center", va="top", fontsize=7, color="#08306b")
     if within:
         tasks = ", ".join(map(str, sorted({p["task"] for p in within})))
-        _lines(ax, within, "samples_per_s", "-", f"within epochs:\nlast 16 steps (task {tasks})", marker=".",
+        _lines(ax, within, "samples_per_s", "-", f"within epochs: the epoch\nso far (task {tasks})", marker=".",
                markersize=3, color=LINE, linewidth=1.2)
     if not epochs and not within:
         _empty(ax, "no samples/s recorded")
     _from_zero(ax, [e["samples_per_s"] for e in epochs] + [p["samples_per_s"] for p in within])
-    ax.set_ylabel("samples/s (group)")
+    ax.set_ylabel("samples/s (group,\ntraining)")
     _legend(ax)
 
 
@@ -166,6 +166,7 @@ def timeline(ax, data: dict) -> None:
         ax.text((a["start"] + end) / 2, 0.5, f"attempt {a['index']}: {a['outcome'] or 'running'}", ha="center",
                 va="center", fontsize=7, color="white", clip_on=True)
     restart_parts: dict[str, float] = {}  # each restart's phases in the same row, summed over restarts in the legend
+    guessed = {p["name"] for r in data["restart_phases"] for p in r["parts"] if p.get("estimated")}
     for r in data["restart_phases"]:
         for p in r["parts"]:
             ax.broken_barh([(p["start"], max(p["end"] - p["start"], 0.01))], (1.1, 0.8), color=PHASE_COLOURS[p["name"]],
@@ -174,7 +175,8 @@ def timeline(ax, data: dict) -> None:
     handles = [Patch(color=PHASE_COLOURS[p["name"]], label=f"{p['name']} {p['end'] - p['start']:.1f} s")
                for p in data["phases"]]
     handles += [Patch(facecolor=PHASE_COLOURS[name], hatch="//", edgecolor="white",
-                      label=f"restarts: {name} {took:.1f} s") for name, took in restart_parts.items()]
+                      label=f"restarts: {name} {'about ' if name in guessed else ''}{took:.1f} s")
+                for name, took in restart_parts.items()]
     if handles:
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=min(len(handles), 5),
                   fontsize=8, frameon=False)

@@ -17,15 +17,17 @@ STARTUP_SHARE = 0.12  # of the time axis: a longer start-up is compressed into i
 WRAP = 150  # characters of a notes line at the figure's width
 NOTE_LINE_IN = 0.16  # inches per notes line
 
-RATE_NOTE = ("samples/s is the whole group's (global batch x steps per second): every task measures the same, so "
-             "it is drawn once. Bars: each epoch's own rate over the time it was measured, as its console line "
-             "(the epoch's samples from its first finished step to its end, validation included); line: the last 16 "
-             "training steps.")
+RATE_NOTE = ("samples/s is the training throughput, the one figure the console's epoch lines, status, the page and "
+             "/metrics show: samples trained / the seconds spent training them (each training step from its begin "
+             "to its end; no validation, saves or fit's first, traced, step). It is the whole group's (every task "
+             "trains the same global batch in step), so it is drawn once. Bars: each epoch's figure over the time "
+             "it took (its console line's samples/s); line: the epoch's figure so far, which ends at the bar's.")
 SPLIT_NOTE = ("own work: a task's time per step to compute its gradients (input, forward and backward pass). "
               "waiting: the rest of its step, in the all-reduce waiting for the slowest task, and the update. A task "
               "with more own work than its peers is the straggler: the others wait for it.")
 EPOCH_NOTE = ("dotted lines: epoch ends, numbered; loss and metrics at each epoch's end as its console line "
-              "(all-reduced: the same on every task), the running loss within epochs as a thin line.")
+              "(all-reduced: the same on every task), the running loss within epochs as a thin line (the mean over "
+              "every replica's batches of the epoch so far, as Keras' progress bar shows it).")
 
 
 def refused_words(data: dict) -> str:

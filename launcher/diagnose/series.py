@@ -126,9 +126,9 @@ def _point(row: dict, clock: Clock, offset: float) -> dict | None:
 
 
 def _epochs(rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[dict]:
-    """Each finished epoch of each task and attempt, once (the newest word on it): its own rate, loss and
-    metrics, from the summaries the worker keeps; for a task whose history has none (an older worker),
-    where the epoch was seen complete, without a rate."""
+    """Each finished epoch of each task and attempt, once (the newest word on it): its training throughput, loss
+    and metrics, from the summaries the worker keeps; for a task whose history has none (an older worker), where
+    the epoch was seen complete, without a rate."""
     found: dict[tuple, dict] = {}
     summarised = {r["task"] for r in rows if "epoch_ends" in r["progress"]}
     for r in rows:
@@ -157,8 +157,8 @@ def _seen_complete(p: dict) -> list[dict]:
 
 
 def _group_within(tasks: list[dict]) -> list[dict]:
-    """The group's samples/s over time, drawn once: every task measures the same global rate (global batch
-    x steps/s), so per attempt the lowest task that measured it."""
+    """The group's training throughput (the epoch's so far) over time, drawn once: every task trains the same
+    global batch in step, so per attempt the lowest task that measured it."""
     chosen: dict[int, int] = {}
     for task in tasks:
         for p in task["points"]:

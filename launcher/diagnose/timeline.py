@@ -7,7 +7,7 @@ import signal
 
 from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
-from launcher.run.phases import restart_line
+from launcher.run.phases import ESTIMATED, UNPRINTED, restart_line, unprinted_words
 from launcher.run.progress import real, whole
 from launcher.run.states import AttemptOutcome, RunState
 
@@ -92,6 +92,8 @@ def _shell_signal(code: int) -> str:
 
 
 def attempts(run: dict, clock: Clock) -> list[dict]:
+    """Each attempt on the time axis, with its outcome, reason, failure, and the epochs saved before it whose
+    lines never came (`unprinted`, launcher.run.phases)."""
     found = []
     for a in items(run.get("attempts")):
         start, end = clock(a.get("started_at")), clock(a.get("ended_at"))
@@ -101,19 +103,30 @@ def attempts(run: dict, clock: Clock) -> list[dict]:
         found.append({"index": index if index is not None else len(found), "start": start,
                       "end": end if end is not None and end >= start else None,
                       "outcome": a.get("outcome") if a.get("outcome") in OUTCOMES else None,
-                      "reason": text(a.get("reason")), "failure": failure(a.get("failure"))})
+                      "reason": text(a.get("reason")), "failure": failure(a.get("failure")),
+                      "unprinted": _numbers(_phases(a).get(UNPRINTED))})
     return found
+
+
+def _phases(attempt: dict) -> dict:
+    return attempt.get("phases") if isinstance(attempt.get("phases"), dict) else {}
+
+
+def _numbers(value) -> list[int]:
+    return [n for n in value if whole(n) is not None][:100] if isinstance(value, list) else []
 
 
 def restarts(run: dict, clock: Clock) -> list[dict]:
     """Each restarted attempt's phases (launcher.run.phases), as recorded: its parts placed on the time axis
     (detected from the failing task's end, teardown up to the attempt before's end, spawn and first step from
-    its own start, the steps redone from its first step until it was back at the step reached), and its line
-    of words."""
+    its own start, the steps redone from its first step until it was back at the step reached: `estimated`
+    where back_s is), and its line of words (the epochs saved but never told are the restart's event)."""
     found, before = [], None
     for a in items(run.get("attempts")):
-        raw = a.get("phases") if isinstance(a.get("phases"), dict) else {}
+        raw = _phases(a)
         ph = {k: real(v) for k, v in raw.items() if isinstance(k, str) and real(v) is not None and real(v) >= 0}
+        guessed = [n for n in raw.get(ESTIMATED) or [] if isinstance(n, str) and n in ph] \
+            if isinstance(raw.get(ESTIMATED), list) else []
         number, start = whole(a.get("number")), real(a.get("started_at"))
         prev_end = real(before.get("ended_at")) if before else None
         before = a
@@ -127,10 +140,13 @@ def restarts(run: dict, clock: Clock) -> list[dict]:
         if "back_s" in ph and "failed_at" in ph and "first_step_s" in ph:  # its first step until back where it was
             stepped = spawned + ph["first_step_s"]
             marks.append(("steps redone", stepped, ph["failed_at"] + ph["back_s"] - stepped))
-        parts = [{"name": name, "start": clock(at), "end": clock(at + took)} for name, at, took in marks
-                 if at is not None and took is not None]
-        told = {k: v for k, v in ph.items() if k != "failed_at"}
-        found.append({"attempt": number, "phases": told, "line": restart_line(number, told),
+        parts = [{"name": name, "start": clock(at), "end": clock(at + took),
+                  "estimated": name == "steps redone" and "back_s" in guessed}
+                 for name, at, took in marks if at is not None and took is not None]
+        unprinted = _numbers(raw.get(UNPRINTED))
+        told = {**{k: v for k, v in ph.items() if k != "failed_at"}, **({UNPRINTED: unprinted} if unprinted else {}),
+                ESTIMATED: guessed}
+        found.append({"attempt": number, "phases": told, "line": restart_line(number, told, epochs=False),
                       "parts": [p for p in parts if p["start"] is not None and p["end"] is not None]})
     return found
 
@@ -141,7 +157,9 @@ def events(run: dict, clock: Clock, tried: list[dict]) -> list[dict]:
     found = []
     for prev, nxt in zip(tried, tried[1:]):
         kind, words = SWITCHES.get(prev["outcome"], ("restart", "restart"))
-        found.append({"t": nxt["start"], "kind": kind, "label": f"{words}: attempt {nxt['index']}"})
+        unprinted = unprinted_words(nxt["index"], {UNPRINTED: nxt["unprinted"]})
+        found.append({"t": nxt["start"], "kind": kind,
+                      "label": f"{words}: attempt {nxt['index']}" + (f"; {unprinted}" if unprinted else "")})
     for a in tried:
         if a["end"] is not None and a["failure"]:
             found.append({"t": a["end"], "kind": "failure", "label": describe(a["failure"])})

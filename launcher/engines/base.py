@@ -17,6 +17,7 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from worker import protocol
+from worker.startpoint import Found
 
 T = TypeVar("T")
 MAX_THREADS = 32
@@ -139,6 +140,7 @@ class TaskCheck:
     versions: dict = field(default_factory=dict)
     title: str = ""  # the row's name when it is not one task's
     env: dict[str, str] = field(default_factory=dict)
+    checkpoint: Found | None = None  # what its checkpoint folder holds, where the run may start from it
 
     @property
     def ok(self) -> bool:

@@ -194,8 +194,8 @@ class Agent:
                 pass
             else:
                 failure = self.on_event(live, index, ev)
-                if failure is not None:
-                    return failure
+                if failure is not None:  # a peer's exit may name the hung task (watch.abandoned)
+                    return self.hang_stacks(live, failure)
             if live.preempted_at is not None:
                 if not live.live or time.monotonic() - live.preempted_at > launch.preempt_grace:
                     return None
@@ -219,7 +219,9 @@ class Agent:
             return None
         preempted = live.preempted_at is not None
         failure = watch.apply(self.run, live, index, ev)
-        if failure is not None or live.preempted_at is not None:
+        if failure is not None and failure.kind == FailureKind.HUNG:  # when the task it names last progressed
+            self.marks.failed(self.run, failure.task, None)
+        elif failure is not None or live.preempted_at is not None:
             self.marks.failed(self.run, index, ev)
         if isinstance(ev, protocol.Progress):
             self.remember(index, self.run.task(index).progress)

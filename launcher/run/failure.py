@@ -1,5 +1,5 @@
-"""A run's failure as data: which task, on which host, what kind, its code or signal, its log; shown as
-one paragraph, given as an object in `status --json` (and kept per attempt in the record)."""
+"""A run's failure as data: which task, on which host, what kind, its code or signal, its cause (the exception
+its log ends in), its log; shown as one paragraph, given as an object in `status --json` (and kept per attempt)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from launcher.run import fields
+from launcher.run.cause import Cause, of_log
 from launcher.run.screen import is_noise
 from worker import protocol
 
@@ -40,7 +41,8 @@ class Failure:
     exit_code: int | None = None
     signal: str | None = None  # "SIGKILL"
     log: str | None = None  # host:path of the task's worker.log
-    tail: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)  # the last lines of its log
+    cause: Cause | None = None  # the exception its log ends in (an exit's only)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -52,7 +54,7 @@ class Failure:
         if isinstance(data, str):  # a record written before failures were data
             return cls(kind=FailureKind.EXITED, message=data)
         try:
-            return fields.build(cls, data, {"kind": FailureKind})
+            return fields.build(cls, data, {"kind": FailureKind, "cause": Cause.from_json})
         except (TypeError, ValueError):  # damaged: the run's record stands without it
             return None
 
@@ -85,17 +87,23 @@ def of_exit(ev: protocol.Exit) -> tuple[FailureKind, str]:
 
 
 def of_task(kind: FailureKind, what: str, index: int, label: str, host: str, log: str, tail: list[str],
-            run_id: str, code: int | None = None) -> Failure:
-    """A task's failure, with the paragraph: the task, what happened, its log's last lines (without the
-    start-up chatter the screen hides, unless that is all there is), what next."""
+            run_id: str, code: int | None = None, said: list[str] | None = None) -> Failure:
+    """A task's failure, with the paragraph: the task, what happened and, for an exit, the exception it ended
+    in (`said`: the log's tail it is read from, else `tail`), then the lines around that exception, else its
+    log's last lines (without the start-up chatter the screen hides, unless that is all there is), what next."""
+    cause = of_log(tail if said is None else said) if kind == FailureKind.EXITED else None
     tail = [line for line in tail if not is_noise(line)] or list(tail)
-    message = (f"{label} {what}. Every other task was stopped. {tail_block(log, tail)}\n"
+    what = f"{what}: {cause.words()}" if cause else what
+    message = (f"{label} {what.rstrip('.')}. Every other task was stopped. {log_block(log, tail, cause)}\n"
                f"Read the whole log with 'mgpu-cluster logs {run_id} --task {index}'.")
     return Failure(kind=kind, message=message, task=index, host=host, exit_code=code, signal=signal_name(code),
-                   log=log, tail=tail)
+                   log=log, tail=tail, cause=cause)
 
 
-def tail_block(log: str | None, tail: list[str]) -> str:
+def log_block(log: str | None, tail: list[str], cause: Cause | None = None) -> str:
+    """The lines around the cause in the log, else its last lines."""
+    if cause is not None and cause.lines:
+        return "Around it in its log ({}):\n{}".format(log, "\n".join(f"    {line}" for line in cause.lines))
     shown = "\n".join(f"    {line}" for line in tail) or "    (no output)"
     return f"Last lines of its log ({log}):\n{shown}"
 
@@ -106,13 +114,13 @@ class Screen(Protocol):
 
 def told_once(failure: Failure, screen: Screen) -> str:
     """The paragraph for a screen that may have shown the failed task's last lines live already: then they
-    are not told again, only pointed to, with the last of them (the error, as a rule)."""
-    block = tail_block(failure.log, failure.tail)
+    are not told again, only pointed to (the cause is told in its first words), else with the last of them."""
+    block = log_block(failure.log, failure.tail, failure.cause)
     if failure.task is None or not failure.tail or block not in failure.message \
             or not screen.showed(failure.task, failure.tail):
         return failure.message
-    pointer = (f"Its log ({failure.log}) ends with the lines shown above (task{failure.task}); the last:\n"
-               f"    {failure.tail[-1]}")
+    pointer = f"Its log ({failure.log}) ends with the lines shown above (task{failure.task})"
+    pointer += "." if failure.cause else f"; the last:\n    {failure.tail[-1]}"
     return failure.message.replace(block, pointer, 1)
 
 

@@ -1,7 +1,7 @@
 """Each attempt's phases (Attempt.phases, in seconds): for a restart, how long its failure took to reach the
 agent, the teardown, the spawn, the wait for the first step, the steps trained again since the last
 checkpoint, and when the group was back at the step it had reached (what the crash cost the run); for the
-first attempt, its spawn and first step (the cold start). Told in one line each."""
+first attempt, its spawn and first step (the cold start). Told in one line each, an estimate as "about"."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from worker import protocol
 # the parts of a restart, in order, and their words
 PARTS = (("detected_s", "detected"), ("teardown_s", "teardown"), ("spawn_s", "spawn"),
          ("first_step_s", "to first step"))
+ESTIMATED = "estimated"  # a phases key: the names of its figures that are estimates, not measured
+UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose lines never reached the launcher
 
 
 def seconds(since: float, until: float) -> float:
@@ -23,6 +25,11 @@ def seconds(since: float, until: float) -> float:
 
 def step(progress: dict | None, key: str = "global_step") -> int:
     return (progress or {}).get(key) or 0
+
+
+def estimated(ph: dict, name: str) -> bool:
+    """Whether the phases `ph` give `name` as an estimate."""
+    return name in (ph.get(ESTIMATED) or ())
 
 
 def failed_at(run: RunRecord, index: int | None, ev: protocol.Event | None, now: float) -> float:
@@ -54,19 +61,35 @@ def reached(run: RunRecord) -> int:
 class Phases:
     """The marks of one attempt, on the wall clock (the record keeps what they add up to)."""
 
-    def __init__(self, attempt: Attempt, carried: dict[str, float], reached_step: int):
+    def __init__(self, attempt: Attempt, carried: dict, reached_step: int):
         """`reached_step`: where the attempt before got to (reached(), before the tasks' progress is reset; its
-        own marks carry it forward to its failure)."""
+        own marks carry it forward to its failure); `carried`: what its end gave (ended())."""
+        carried = dict(carried)
+        told, guessed = carried.pop("epoch_told", None), carried.pop(ESTIMATED, [])
+        self.told: int | None = None if told is None else int(told)  # the last epoch whose line reached us
+        self.told_before = self.told  # (or the epoch before the run's first)
         self.attempt, self.reached = attempt, max(reached_step, int(carried.get("reached_step", 0)))
         attempt.phases.update(carried)  # detected_s, teardown_s, failed_at and reached_step of the attempt before
         if "reached_step" in carried:
             attempt.phases["reached_step"] = self.reached
+            self.mark("reached_step", "reached_step" in guessed and self.reached > reached_step)
         self.spawn_at: float | None = None
         self.started_at: float | None = None
         self.detected: tuple[float, float] | None = None  # (when the failing task ended, when the agent knew)
         self.decided_at: float | None = None  # when the agent decided to stop the attempt
         self.points: list[tuple[float, float]] = []  # the group's last two (global step, the task's time) of this attempt
-        self.total = 0  # the training's steps in all, where its progress says
+        self.last: dict[int | None, tuple[int, float]] = {}  # each task's last (global step, time) read
+        self.idle = False  # the last record read was of a group not training (validating, saving, at an epoch's end)
+        self.total = self.per_epoch = 0  # the training's steps in all and per epoch, where its progress says
+
+    def mark(self, name: str, estimate: bool) -> None:
+        """Phase `name` is an estimate (or measured) from now on."""
+        ph = self.attempt.phases
+        names = [n for n in ph.get(ESTIMATED, []) if n != name] + ([name] if estimate else [])
+        if names:
+            ph[ESTIMATED] = names
+        else:
+            ph.pop(ESTIMATED, None)
 
     def failed(self, run: RunRecord, index: int | None, ev: protocol.Event | None) -> None:
         """A task's end failed the attempt (or gave notice; `ev` None: a hang or a silence): the first one counts."""
@@ -74,39 +97,57 @@ class Phases:
             now = time.time()
             self.detected = (failed_at(run, index, ev, now), now)
 
-    def ended(self, stopped_at: float) -> dict[str, float]:
+    def ended(self, stopped_at: float) -> dict:
         """What the attempt's end gives the next attempt's phases (nothing where no stop was decided: it succeeded)."""
         if self.decided_at is None:
             return {}
         failure_at, detected_at = self.detected or (None, None)
-        carried = ended(failure_at, detected_at, self.decided_at, stopped_at)
+        carried: dict = ended(failure_at, detected_at, self.decided_at, stopped_at)
         if failure_at is not None and self.points:
             carried["reached_step"] = self.step_at(failure_at)
+            if carried["reached_step"] > self.points[-1][0]:
+                carried[ESTIMATED] = ["reached_step"]
+        if self.told is not None:
+            carried["epoch_told"] = self.told
         return carried
 
     def step_at(self, when: float) -> int:
         """The group's global step at `when` (its failure), where a step was read: the last one read, carried
-        forward at the rate between the last two reads (a step counts once done)."""
+        forward at the rate between the last two reads (a step counts once done), never past its epoch's last
+        step (validation and the save follow it), and not at all where the last record read was of a group not
+        training (validating, or at an epoch's end): there the step read is the step reached."""
         (g0, t0), (g1, t1) = self.points[0], self.points[-1]
+        if self.idle:
+            return int(g1)
         rate = (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
-        return int(min(g1 + rate * min(max(0.0, when - t1), EXTRAPOLATE_MAX_S), self.total or math.inf))
+        end = -(-int(g1) // self.per_epoch) * self.per_epoch if self.per_epoch else math.inf
+        return int(min(g1 + rate * min(max(0.0, when - t1), EXTRAPOLATE_MAX_S), self.total or math.inf, end))
 
     def seen(self, progress: dict, now: float) -> bool:
         """Keep this record's (global step, time) as the group's latest, where it is one step count later
         (the tasks step together); its time is the task's, kept within what came before and now. `progress`
-        is typed (launcher.run.progress): a time there is a finite number."""
+        is typed (launcher.run.progress): a time there is a finite number. A task's record at the step it told
+        before, written later, is of a group not training (validating, saving); so is one at an epoch's end."""
         g, t = step(progress), progress.get("time")
-        if step(progress, "steps_per_epoch") and step(progress, "epochs"):
-            self.total = step(progress, "steps_per_epoch") * step(progress, "epochs")
+        self.per_epoch = step(progress, "steps_per_epoch") or self.per_epoch
+        if self.per_epoch and step(progress, "epochs"):
+            self.total = self.per_epoch * step(progress, "epochs")
+        ends = [e["epoch"] for e in progress.get("epoch_ends", [])]
+        if ends:
+            self.told = max(self.told or 0, *ends)
         if t is None:
             return False
+        before, self.last[progress.get("task")] = self.last.get(progress.get("task")), (g, t)
         t = min(max(t, self.points[-1][1] if self.points else t), now)
         first = progress.get("first_step_at")  # the attempt's first step: a rate from the first record on
         if not self.points and first is not None and first < t:
             self.points = [(step(progress, "first_global_step") + 1, first)]
         if self.points and g <= self.points[-1][0]:
+            if before is not None and before[0] == g and before[1] < self.last[progress.get("task")][1]:
+                self.idle = True
             return False
         self.points = [*self.points, (g, t)][-2:]
+        self.idle = bool(self.per_epoch) and step(progress, "step") == self.per_epoch
         return True
 
     def spawning(self) -> None:
@@ -121,7 +162,8 @@ class Phases:
 
     def progress(self, progress: dict, now: float) -> Mark | None:
         """A progress record: the mark it is, if any. Its first trained step records first_step_s and, after
-        a restart, took_s and steps_redone; the step the attempt before had reached, back_s."""
+        a restart, took_s, steps_redone and the epochs saved before it whose lines never came; the step the
+        attempt before had reached, back_s."""
         ph = self.attempt.phases
         before = self.points[-1] if self.points else None
         moved = self.seen(progress, now)
@@ -135,25 +177,39 @@ class Phases:
         ph["first_step_s"] = seconds(start, at)
         if "failed_at" in ph:
             ph["took_s"] = seconds(ph["failed_at"], at)
+        self.first_epoch(step(progress, "first_epoch"))
         if self.attempt.number > 0 and "first_global_step" in progress:  # a script of its own may not say
             ph["resumed_step"] = step(progress, "first_global_step")
-            if "reached_step" in ph and ph["resumed_step"] > self.reached:  # it got at least as far as it saved
+            if "reached_step" in ph and ph["resumed_step"] >= self.reached:  # it got as far as it saved: measured
                 self.reached = ph["reached_step"] = ph["resumed_step"]
+                self.mark("reached_step", False)
             ph["steps_redone"] = max(0, self.reached - ph["resumed_step"])
+            self.mark("steps_redone", estimated(ph, "reached_step"))
             if self.points:  # (a record with a time: its first step is one of them)
                 self.back((ph["resumed_step"] + 1, at), self.points[-1])
         return Mark.FIRST_STEP
 
+    def first_epoch(self, epoch: int) -> None:
+        """The attempt trains from `epoch` on: after a restart, the epochs before it that no line told were
+        saved by the attempt before, which ended before their lines (unknown where no attempt told its start)."""
+        if not epoch:
+            return
+        if self.attempt.number > 0 and self.told_before is not None and self.told_before + 1 < epoch:
+            self.attempt.phases[UNPRINTED] = list(range(self.told_before + 1, epoch))
+        self.told = max(self.told or 0, epoch - 1)
+
     def back(self, before: tuple[float, float] | None, now: tuple[float, float]) -> Mark | None:
         """back_s, once the group is back at the step the attempt before had reached: from the failure to the
-        time it got there (between the two reads around it, at the rate between them). None where the attempt
-        before trained no step it told (it failed starting: its restart's cost is took_s)."""
+        time it got there (between the two reads around it, at the rate between them: an estimate, as is the
+        time of an estimated step). None where the attempt before trained no step it told (it failed starting:
+        its restart's cost is took_s)."""
         ph = self.attempt.phases
         if "back_s" in ph or not {"failed_at", "reached_step", "resumed_step"} <= set(ph) or now[0] < self.reached:
             return None
         (g0, t0), (g1, t1) = before or now, now
         at = t0 if g0 >= self.reached else t0 + (self.reached - g0) / (g1 - g0) * (t1 - t0)  # g0 < reached <= g1
         ph["back_s"] = seconds(ph["failed_at"], at)
+        self.mark("back_s", g0 < self.reached < g1 or estimated(ph, "reached_step"))
         return Mark.BACK
 
 
@@ -165,26 +221,47 @@ def ended(failure_at: float | None, detected_at: float | None, decided_at: float
     return carried
 
 
-def told(attempt: Attempt) -> dict[str, float]:
-    """The phases in seconds and steps, as `status --json` gives them (failed_at, a unix time, stays in the record)."""
-    return {k: v for k, v in attempt.phases.items() if k != "failed_at"}
+def told(attempt: Attempt) -> dict:
+    """The phases in seconds and steps, as `status --json` gives them (failed_at, a unix time, stays in the
+    record), with `estimated`: the names of those that are estimates ([] where none is)."""
+    return {**{k: v for k, v in attempt.phases.items() if k != "failed_at"},
+            ESTIMATED: list(attempt.phases.get(ESTIMATED, []))}
 
 
-def restart_line(number: int, ph: dict) -> str:
+def about(ph: dict, *names: str) -> str:
+    """'about ' where any of the figures `names` is an estimate."""
+    return "about " if any(estimated(ph, n) for n in names) else ""
+
+
+def restart_line(number: int, ph: dict, epochs: bool = True) -> str:
     """Attempt `number`'s phases `ph` in one line: 'restart 1 took 3.1 s: detected 0.1 s, teardown 1.0 s, spawn
-    0.3 s, to first step 1.5 s, 12 step(s) redone; back at step 40 after 3.4 s' (the report tells them too)."""
+    0.3 s, to first step 1.5 s, about 12 step(s) redone; back at about step 40 after about 3.4 s' (the report
+    tells them too), with the epochs saved but never told (unprinted_words) where `epochs`."""
     parts = [f"{words} {ph[key]:.1f} s" for key, words in PARTS if key in ph]
     if "steps_redone" in ph:
-        parts.append(f"{ph['steps_redone']:.0f} step(s) redone")
+        parts.append(f"{about(ph, 'steps_redone')}{ph['steps_redone']:.0f} step(s) redone")
     took = f" took {ph['took_s']:.1f} s" if "took_s" in ph else ""
     warm = f" ({ph['warm_tasks']:.0f} task(s) from standbys)" if ph.get("warm_tasks") else ""
-    return f"restart {number}{took}{warm}: " + ", ".join(parts) + (f"; {back_words(ph)}" if "back_s" in ph else "")
+    unprinted = unprinted_words(number, ph) if epochs else ""
+    return (f"restart {number}{took}{warm}: " + ", ".join(parts) + (f"; {back_words(ph)}" if "back_s" in ph else "")
+            + (f"; {unprinted}" if unprinted else ""))
+
+
+def unprinted_words(number: int, ph: dict) -> str:
+    """'epoch 6: saved, its line was not printed (attempt 0 ended before it)'; '' where there is none."""
+    epochs = ph.get(UNPRINTED) or []
+    if not epochs:
+        return ""
+    if len(epochs) == 1:
+        return f"epoch {epochs[0]}: saved, its line was not printed (attempt {number - 1} ended before it)"
+    return (f"epochs {', '.join(map(str, epochs))}: saved, their lines were not printed (attempt {number - 1} "
+            "ended before them)")
 
 
 def back_words(ph: dict) -> str:
     """'back at step 40 after 3.4 s': when the restarted group had trained again to where the failed one got."""
-    at = f" at step {ph['reached_step']:.0f}" if "reached_step" in ph else ""
-    return f"back{at} after {ph['back_s']:.1f} s"
+    at = f" at {about(ph, 'reached_step')}step {ph['reached_step']:.0f}" if "reached_step" in ph else ""
+    return f"back{at} after {about(ph, 'back_s')}{ph['back_s']:.1f} s"
 
 
 def back_line(number: int, ph: dict) -> str:
@@ -201,8 +278,11 @@ def restarts_words(run: RunRecord) -> str:
     total = sum(a.phases["took_s"] for a in later)
     parts = [f"{words} {sum(a.phases.get(key, 0.0) for a in later):.1f} s" for key, words in PARTS]
     redone = sum(a.phases.get("steps_redone", 0) for a in later)
+    redone_about = "about " if any(estimated(a.phases, "steps_redone") for a in later) else ""
     back = [a.phases["back_s"] for a in later if "back_s" in a.phases]
-    words = (f"; back at the steps reached after {sum(back):.1f} s in all" if len(back) == len(later) else
-             f"; {len(back)} of them back at the step reached, after {sum(back):.1f} s in all" if back else "")
+    back_about = "about " if any(estimated(a.phases, "back_s") for a in later) else ""
+    words = (f"; back at the steps reached after {back_about}{sum(back):.1f} s in all" if len(back) == len(later)
+             else f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all"
+             if back else "")
     return (f"{len(later)} restart(s) cost {total:.1f} s in all until their first step ({', '.join(parts)}), "
-            f"{redone:.0f} step(s) redone{words}")
+            f"{redone_about}{redone:.0f} step(s) redone{words}")

@@ -11,8 +11,10 @@ from worker.protocol import ProgressState
 
 WHOLE = ("task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch", "first_global_step",
          "pid", "replicas")
-REAL = ("loss", "samples_per_sec", "time", "compute_ms", "wait_ms", "first_step_at")
-EPOCH_REAL = ("start", "end", "samples_per_sec", "loss")  # of each finished epoch's summary (epoch_ends)
+# samples_per_sec is the training throughput (worker.progress.training_rate) of the epoch so far, from its
+# epoch_samples and epoch_train_s; each finished epoch's summary keeps its own (samples, train_s)
+REAL = ("loss", "samples_per_sec", "epoch_samples", "epoch_train_s", "time", "compute_ms", "wait_ms", "first_step_at")
+EPOCH_REAL = ("start", "end", "samples", "train_s", "samples_per_sec", "loss")
 MAX_METRICS, MAX_NAME = 32, 64
 
 
@@ -60,7 +62,8 @@ def _metrics(metrics: dict) -> dict:
 
 
 def _epoch_end(end: dict) -> dict:
-    """One finished epoch's summary: its number, when its rate was measured (start, end), the rate, loss, metrics."""
+    """One finished epoch's summary: its number, when it was measured (start, end), its samples, training seconds
+    and their rate, loss, metrics."""
     out = {"epoch": end["epoch"], **{k: real(end.get(k)) for k in EPOCH_REAL if real(end.get(k)) is not None}}
     if isinstance(end.get("metrics"), dict):
         out["metrics"] = _metrics(end["metrics"])

@@ -25,6 +25,7 @@ from launcher.run.states import AttemptOutcome, RunState, TaskState
 from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
+from worker.startpoint import StartPoint
 
 VERSION = 3
 STATE = "state.json"
@@ -67,8 +68,9 @@ class Attempt:
     failure: Failure | None = None  # the failure that ended it, as data
     tasks: list[int] = field(default_factory=list)
     # seconds: detected_s, teardown_s (of the attempt before), spawn_s, first_step_s, took_s, back_s; steps:
-    # reached_step (the attempt before's), resumed_step, steps_redone (launcher.run.phases)
-    phases: dict[str, float] = field(default_factory=dict)
+    # reached_step (the attempt before's), resumed_step, steps_redone; lists: estimated (the names of those that
+    # are estimates), epochs_unprinted (saved before a restart, their lines never told) (launcher.run.phases)
+    phases: dict[str, float | list[str] | list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class RunRecord:
     failure: Failure | None = None
     job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict[str, float] = field(default_factory=dict)  # when each phase began, or took (preflight_s)
+    start: StartPoint | None = None  # where its training starts (fresh, or another run's backup); set once
     attempts: list[Attempt] = field(default_factory=list)
     tasks: list[TaskRecord] = field(default_factory=list)
     version: int = VERSION
@@ -120,6 +123,11 @@ class RunRecord:
             for t in self.tasks:
                 t.standby = None
 
+    def set_start(self, start: StartPoint) -> None:
+        """Where the run starts, as its preflight found it: set once (its restarts resume its own backup)."""
+        if self.start is None:
+            self.start = start
+
     def to_json(self) -> str:
         data = asdict(self)  # a Failure becomes a dict with its kind's value (a str enum)
         return json.dumps(data, indent=1, default=str)
@@ -140,6 +148,7 @@ class RunRecord:
             return [fields.build(Attempt, a, {"failure": failure}) for a in items]
 
         return fields.build(cls, data, {"failure": failure, "attempts": attempts,
+                                        "start": lambda v: None if v is None else fields.build(StartPoint, v),
                                         "tasks": lambda items: [fields.build(TaskRecord, t) for t in items]})
 
 

@@ -7,26 +7,94 @@ columns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from launcher.engines.base import TaskCheck
 from launcher.run.record import RunRecord
 
+SHORT = 40  # characters of a problem in the preflight table
+HOSTS_NAMED = 6  # hosts named in a problem's paragraph, then a count
+SPANS = 12  # runs of task indices named there, then a count
 
-def checks_table(checks) -> Table:
+
+def checks_table(checks: list[TaskCheck]) -> Table:
+    """One row per task (or the whole job): ok, or the first words of its problem and the numbers of its
+    paragraphs in `refused` (each told there once)."""
+    refs: dict[int, list[str]] = {}
+    for n, told in enumerate(told_once(checks), 1):
+        for c in told.checks:
+            refs.setdefault(id(c), []).append(str(n))
     table = Table(title="preflight")
-    for col in ("task", "host", "port", "python", "result"):
-        table.add_column(col, overflow="fold")
+    for col in ("task", "host", "port"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("python", overflow="fold")
+    table.add_column("result")
     for c in checks:
-        result = "[green]ok[/]" if c.ok else "[red]" + escape("\n".join(c.problems)) + "[/]"
+        result = Text("ok", style="green") if c.ok else Text(  # one line: the paragraph is below the table
+            f"[{','.join(refs[id(c)])}] {short(c.problems[0])}", style="red", no_wrap=True, overflow="ellipsis")
         if c.title:  # a row about the whole job (a scheduler's), not one task
             table.add_row("all", escape(c.title), "", escape(c.plan.python), result)
         else:
             table.add_row(str(c.plan.index), escape(c.plan.host.label), str(c.plan.host.port), escape(c.plan.python),
                           result)
     return table
+
+
+@dataclass(frozen=True)
+class Told:
+    """One distinct preflight problem and the checks (tasks, or the whole job) that have it."""
+
+    problem: str
+    checks: tuple[TaskCheck, ...]
+
+    @property
+    def who(self) -> str:
+        """`task 3 (a:2000)`, or `tasks 0-7 (hosts a, b, ...)`."""
+        if len(self.checks) == 1 or any(c.title for c in self.checks):
+            return ", ".join(c.label for c in self.checks)
+        hosts = list(dict.fromkeys(c.plan.host.label for c in self.checks))
+        named = ", ".join(hosts[:HOSTS_NAMED]) + (f" and {len(hosts) - HOSTS_NAMED} more"
+                                                  if len(hosts) > HOSTS_NAMED else "")
+        return f"tasks {spans([c.plan.index for c in self.checks])} ({'hosts' if len(hosts) > 1 else 'host'} {named})"
+
+
+def told_once(checks: list[TaskCheck]) -> list[Told]:
+    """Each distinct problem once, in the order first found, with every check that has it."""
+    found: dict[str, list[TaskCheck]] = {}
+    for c in checks:
+        for problem in dict.fromkeys(c.problems):
+            found.setdefault(problem, []).append(c)
+    return [Told(problem, tuple(have)) for problem, have in found.items()]
+
+
+def refused(checks: list[TaskCheck]) -> str:
+    """The preflight's problems below its table: one numbered paragraph each, naming its tasks and hosts."""
+    return "\n".join(f"  [{n}] {t.who}: {t.problem}" for n, t in enumerate(told_once(checks), 1))
+
+
+def spans(indices: list[int]) -> str:
+    """`0-7, 9` (the first SPANS runs, then a count)."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:SPANS])
+    return shown + (f" and {sum(b - a + 1 for a, b in runs[SPANS:])} more" if len(runs) > SPANS else "")
+
+
+def short(problem: str) -> str:
+    """A problem's first words, for a table cell."""
+    if len(problem) <= SHORT:
+        return problem
+    cut = problem[:SHORT].rsplit(" ", 1)[0] if " " in problem[:SHORT] else problem[:SHORT]
+    return cut.rstrip(" ,;:(") + "…"
 
 
 def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:

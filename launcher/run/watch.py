@@ -10,6 +10,7 @@ import collections
 import time
 
 from launcher.run.attempt import TAIL_LINES, LiveAttempt
+from launcher.run.cause import unhealthy
 from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name
 from launcher.run.progress import typed
 from launcher.run.record import RunRecord
@@ -21,6 +22,7 @@ from worker.protocol import ProgressState
 
 STOPPED = ("stopped", "tracing-stop")  # psutil's status of a process stopped by SIGSTOP or a debugger
 NOTICE_STATES = (ProgressState.PREEMPTING, ProgressState.PREEMPTED)
+STALE_S = 2 * protocol.BEAT_S  # a task whose last progress is older, while a peer's collective waits on it, is stale
 
 
 def step_of(progress, key: str = "global_step") -> int:
@@ -35,10 +37,11 @@ def label(run: RunRecord, index: int) -> str:
 
 
 def task_failure(run: RunRecord, live: LiveAttempt, index: int, kind: FailureKind, what: str,
-                 code: int | None = None) -> Failure:
+                 code: int | None = None, said: list[str] | None = None) -> Failure:
+    """`said`: the task's own last lines, longer than its tail (its exit report's), to read the cause from."""
     host = run.host_of(index)[0]
     log = f"{host}:{layout.file(run.task(index).run_dir, layout.WORKER_LOG)}"
-    return of_task(kind, what, index, label(run, index), host, log, list(live.tails[index]), run.run_id, code)
+    return of_task(kind, what, index, label(run, index), host, log, list(live.tails[index]), run.run_id, code, said)
 
 
 def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> Failure | None:
@@ -92,7 +95,31 @@ def exited(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Exit) -> 
         return None
     task.state = TaskState.FAILED
     kind, what = of_exit(ev)
-    return task_failure(run, live, index, kind, what, ev.code)
+    return abandoned(run, live, index, ev) or task_failure(run, live, index, kind, what, ev.code, ev.tail)
+
+
+def abandoned(run: RunRecord, live: LiveAttempt, peer: int, ev: protocol.Exit) -> Failure | None:
+    """A peer that exited because its collective was aborted for another task is not the cause: the task the
+    abort names (TensorFlow's or XLA's coordination service: it stopped sending heartbeats, or it hosts the
+    service and stopped answering) is, as hung, when its process is stopped or its progress is stale; None
+    where the exit is the peer's own failure."""
+    now = time.monotonic()
+    for rank in unhealthy(ev.tail):
+        index = live.tasks[rank] if rank < len(live.tasks) else None  # a rank counts the attempt's tasks in order
+        if index is None or index == peer or index not in live.live:
+            continue
+        task = run.task(index)
+        stopped = task.proc_status in STOPPED
+        age = now - live.progressed[index] if index in live.progressed else None
+        if not stopped and age is not None and age < STALE_S:
+            continue
+        task.state = TaskState.FAILED
+        quiet = f"; no progress for {age:.0f} s" if age is not None else "; it had trained no step"
+        return task_failure(run, live, index, FailureKind.HUNG, (
+            f"stopped answering{' (its process is stopped, e.g. by SIGSTOP or a debugger)' if stopped else ''}"
+            f"{quiet}: the coordination service aborted the collective of {label(run, peer)} because of it, "
+            f"and that task then {describe_exit(ev.code)}"))
+    return None
 
 
 def preempted_words(run: RunRecord, index: int, ev: protocol.Exit, grace: float) -> str:

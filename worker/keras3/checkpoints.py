@@ -8,11 +8,12 @@ import json
 import os
 from typing import Any, Callable
 
-from worker.checkpoints import Preempted, keeps_backup, notice
+from worker.checkpoints import Preempted, backed_up, keeps_backup, notice
 from worker.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
+from worker.startpoint import BACKUPS
 
-BACKUP = "keras3"  # the backup's folder in the checkpoint folder (tf_keras keeps its own in worker.checkpoints.TF_BACKUP)
+BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's: worker.checkpoints.TF_BACKUP)
 
 
 def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,
@@ -49,6 +50,7 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
             # never an epoch later than its weights
             os.replace(weights, self._weights_path)
             os.replace(metadata, self._training_metadata_path)
+            backed_up(checkpoint_dir, self._current_epoch, 0, int(self.params.get("steps") or 0))  # at epoch ends
 
     class Stopper(keras.callbacks.Callback):
         said = False

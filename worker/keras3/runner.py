@@ -14,13 +14,16 @@ import time
 from typing import Any
 
 from worker import checkpoints
-from worker.checkpoints import Preempted, finished_agreed, finished_here, notice_held, tell_finished
+from worker.checkpoints import (Preempted, claim, finished_agreed, finished_here, notice_held, start_point,
+                                tell_finished)
 from worker.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
 from worker.keras3.data import feeds
 from worker.keras3.group import Group, alone, join, split_host, task_index
-from worker.progress import ProgressWriter, callback_class
+from worker.progress import ProgressWriter
+from worker.progress_keras import callback_class
 from worker.protocol import ProgressState
+from worker.startpoint import look
 from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, nothing_left, save_model,
                            say, settings)
 
@@ -83,8 +86,10 @@ def run(config: RunConfig) -> dict:
         keras.mixed_precision.set_global_policy("mixed_float16")
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
+    found = look(checkpoint_dir)
     if finished_agreed(group.gather(int(finished_here(checkpoint_dir))), checkpoint_dir):
         return nothing_left(writer, group.index, epochs)
+    claim(checkpoint_dir, start_point(found, epochs, config.resume_run), group.chief)
     _not_here(config, first_set(config.checkpoint_every_steps, task.checkpoint_every_steps, default=None))
     global_batch = per_replica * group.devices
     writer.update(force=True, epochs=epochs, replicas=group.devices)
@@ -121,11 +126,12 @@ def _save_model(keras, model, model_dir: str, group: Group) -> str | None:
 
 def _callbacks(config: RunConfig, task, keras, group: Group, checkpoint_dir: str, epochs: int, writer,
                progress) -> list:
-    """fit's callbacks: the backup first (an epoch is backed up before anyone reports it finished), the chief's
-    TensorBoard, progress, the Task's own, and the notice's stopper last."""
+    """fit's callbacks: progress's stopwatch first (a step's training time ends there), the backup (an epoch is
+    backed up before anyone reports it finished), the chief's TensorBoard, progress, the Task's own, and the
+    notice's stopper last."""
     backup, stopper = checkpoint_callbacks(keras, group, checkpoint_dir, epochs,
                                            lambda: writer.update(force=True, state=str(ProgressState.PREEMPTING)))
-    callbacks = [backup]
+    callbacks = [progress.stopwatch(), backup]
     if config.tensorboard and group.chief:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=config.tensorboard))
     extra = task.callbacks() if callable(task.callbacks) else task.callbacks

@@ -10,7 +10,7 @@ import threading
 
 LINE_MAX = 4096  # encoded bytes; longer lines are cut on the way to the launcher
 PENDING_MAX_LINES = 2000
-TAIL_LINES = 20
+TAIL_LINES = 200  # the exit report's most: a whole traceback, for its cause (TAIL_BYTES bounds it)
 TAIL_BYTES = 8192  # the exit report's tail, encoded: it must not hold up fail-fast on a slow link
 CUT = " [... line cut; whole in worker.log]"
 NOTE = "[mgpu task] "  # a line of the supervisor's own among its task's output (a stop, a kill, a refusal)

@@ -48,14 +48,9 @@ function showStatus(s) {
     fact("engine", s.engine), fact("spec", s.spec), fact("started", fmt.clock(s.created_at)),
     fact("duration", fmt.duration(end - s.created_at)), fact("attempt", s.attempt),
     fact("restarts", s.restarts), fact("preemptions", s.preemptions), fact("launcher", launcher),
+    s.start_said ? fact("start", s.start_said) : [],  // "starts fresh" or "resumes run X at epoch N, step S"
   ].flat());
-  const f = s.failure;
-  const [said, ...more] = String((f && f.message) || "").split("\n");
-  $("failure").replaceChildren(f ? el("div", { class: "failure" },
-    el("strong", { text: `${f.kind || "failure"}${f.task !== null && f.task !== undefined ? `, task ${f.task}` : ""}` }),
-    el("p", { class: "wrap", text: said }),
-    more.length ? el("details", {}, el("summary", { text: "the whole message" }),
-                     el("pre", { class: "wrap", text: more.join("\n") })) : "") : "");
+  $("failure").replaceChildren(s.failure ? failureBox(s.failure) : "");
   $("unrecorded").replaceChildren(s.unrecorded ? el("p", { class: "note", text: s.unrecorded }) : "");
   fillTable($("tasks"), s.tasks.map((t) => taskRow(t, s.straggler)));
   const st = s.straggler;
@@ -63,6 +58,18 @@ function showStatus(s) {
     ? `straggler: task ${st.task}, its own work per step is ${fmt.num(st.ratio, 2)}x the others' median ` +
       "(the others wait for it)"
     : "no straggler: every task's own work per step is within 1.25x of the others'";
+}
+
+function failureBox(f) {  // its cause first (the exception, the user's own line), then the whole paragraph
+  const [said, ...more] = String(f.message || "").split("\n");
+  const c = f.cause;
+  const where = c && c.file ? ` at ${c.file}:${c.line}${c.function ? `, in ${c.function}` : ""}` : "";
+  return el("div", { class: "failure" },
+    el("strong", { text: `${f.kind || "failure"}${f.task !== null && f.task !== undefined ? `, task ${f.task}` : ""}` }),
+    c ? el("p", { class: "cause" }, el("code", { text: c.message ? `${c.exception}: ${c.message}` : c.exception }),
+           where) : "",
+    el("p", { class: "wrap", text: said }),
+    more.length ? el("pre", { class: "wrap", text: more.join("\n") }) : "");  // the reasons, the lines around it
 }
 
 function firstLine(text) {  // a reason's own words, without the log lines a failure carries

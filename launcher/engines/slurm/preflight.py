@@ -10,11 +10,13 @@ from launcher.engines.slurm.commands import slurm
 from launcher.engines.slurm.job import gpus, parse_time, record_of
 from launcher.engines.slurm.script import batch_script, sbatch_options
 from launcher.spec import ClusterSpec
+from worker.task.lines import printable
 
 BATCH_TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
 STEP_TOOLS = ("srun", "scontrol", "scancel", "squeue")
 UNUSABLE = ("down", "drain", "drng", "fail", "failg", "maint", "inval", "futr", "unk", "npc", "pow_dn")  # sinfo %t
 SHOWN = 10  # unusable nodes named in the paragraph
+SAID_MAX = 600  # characters of Slurm's own words quoted in a problem
 
 
 def batch_problems(spec: ClusterSpec, run_id: str) -> list[str]:
@@ -28,7 +30,7 @@ def batch_problems(spec: ClusterSpec, run_id: str) -> list[str]:
         test = slurm(["sbatch", "--test-only", *sbatch_options(spec, run_id)], spec.launch.connect_timeout,
                      input=batch_script(spec, run_id, 0))
         if test.returncode != 0:
-            said = " ".join(line.strip() for line in (test.stderr or test.stdout).strip().splitlines()[:3])
+            said = printable(" ".join((test.stderr or test.stdout).strip().splitlines()[:3]), SAID_MAX)
             problems.append(f"Slurm refuses the job ('sbatch --test-only': {said}); check [slurm].sbatch and "
                             "the other [slurm] keys")
     return problems
@@ -57,7 +59,8 @@ def _here(spec: ClusterSpec, tools: tuple[str, ...]) -> list[str] | None:
     ping = slurm(["scontrol", "ping"], spec.launch.connect_timeout)
     if ping.returncode != 0 or " is UP" not in ping.stdout:
         said = (ping.stderr or ping.stdout).strip().splitlines()
-        return [f"the Slurm controller does not answer ('scontrol ping': {said[-1] if said else 'no answer'}); "
+        answer = printable(said[-1]) if said else "no answer"
+        return [f"the Slurm controller does not answer ('scontrol ping': {answer}); "
                 "check that slurmctld runs and that SLURM_CONF (or /etc/slurm/slurm.conf) names it"]
     return None
 

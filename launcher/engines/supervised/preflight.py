@@ -26,11 +26,14 @@ from launcher.engines.supervised.transport import LocalTransport, Transport, env
 from worker.host.env import Backend
 from worker.host.spawn import module_argv
 from worker.packages import PACKAGES
+from worker.startpoint import Found, options
+from worker.task.lines import printable
 
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
 HOSTS_AT_ONCE = 16
 HOLD_S = 120.0  # how long a held doctor waits for the start
+PROBLEM_MAX = 2000  # characters of one problem a host reports
 
 
 def each(fn: Callable, items: list, width: int) -> list[tuple]:
@@ -60,8 +63,10 @@ def same_interpreter(plan: TaskPlan) -> bool:
 def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
     """A task as worker.doctor reads it; `cwd`: the doctor runs elsewhere than the task's folder."""
     t = spec.training
-    doc = {"index": plan.index, "port": plan.host.port,
+    doc = {"index": plan.index, "port": plan.host.port, "python": plan.python,
            "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
+    if t.entrypoint and options(plan.argv).folders:  # what the run would start from (launcher.resume decides)
+        doc["checkpoint"] = options(plan.argv).folders
     if cwd and plan.cwd:
         doc["cwd"] = plan.cwd
     if plan.host.gpus is not None:
@@ -102,10 +107,10 @@ def report_problem(plan: TaskPlan, shared_cwd: bool, code: int, out: str, err: s
     if shared_cwd and plan.cwd and code != 0 and "cd:" in err:
         return workdir_missing(plan)
     if code in (126, 127):
-        return (f"interpreter {plan.python!r} cannot be run on {plan.host.label}: "
-                f"{err.strip() or 'not found'}; set 'python' for this host in the spec")
+        return (f"interpreter {plan.python!r} cannot be run there: "
+                f"{printable(err.strip() or 'not found')}; set 'python' for this host in the spec")
     if code != 0 or not out.strip():
-        last = (err.strip().splitlines() or ["no output"])[-1]
+        last = printable((err.strip().splitlines() or ["no output"])[-1])
         if re.search(r"No module named '?worker\b", err):
             last = (f"the 'worker' package is not importable by {plan.python}; install mgpu-cluster "
                     "there (pip install mgpu-cluster), or set 'python' to an interpreter that has it")
@@ -113,8 +118,13 @@ def report_problem(plan: TaskPlan, shared_cwd: bool, code: int, out: str, err: s
     return None
 
 
+def told(problem) -> str:
+    """A problem a host reported (untrusted): one line, bounded."""
+    return printable(str(problem), PROBLEM_MAX)
+
+
 def workdir_missing(plan: TaskPlan) -> str:
-    return (f"workdir {plan.cwd!r} does not exist on {plan.host.label}; create it there "
+    return (f"workdir {plan.cwd!r} does not exist there; create it "
             "(or list files under 'sync', which creates it)")
 
 
@@ -191,10 +201,11 @@ def mesh_args(spec: ClusterSpec, plans: list[TaskPlan], found_groups: list[list[
 def mesh_problems(plan: TaskPlan, res: dict) -> list[str]:
     problems = []
     if res.get("listen_error"):
-        problems.append(f"cannot listen on port {plan.host.port} for the cluster check: {res['listen_error']}")
+        problems.append(f"cannot listen on port {plan.host.port} for the cluster check: "
+                        f"{printable(str(res['listen_error']))}")
     for j, miss in sorted(res.get("unreached", {}).items(), key=lambda kv: int(kv[0])):
-        problems.append(
-            f"cannot reach task {j} at {miss['address']} from {plan.host.label}: {miss['reason']}. "
+        problems.append(  # said alike by every host that cannot reach it: told once, naming them
+            f"cannot reach task {j} at {printable(str(miss['address']))}: {printable(str(miss['reason']))}. "
             "Workers must reach each other's ports (TensorFlow's gRPC): check firewalls and the addresses "
             "in the spec")
     return problems
@@ -244,8 +255,9 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
                 c.problems.append(problem)
                 continue
             entry = entries[p.index] = tasks[p.index]
-            c.problems += [workdir_missing(p)] if entry["no_workdir"] else entry["problems"]
+            c.problems += [workdir_missing(p)] if entry["no_workdir"] else [told(e) for e in entry["problems"]]
             c.versions = report["versions"]
+            c.checkpoint = Found.from_json(entry.get("checkpoint"))
             if report.get("mesh"):
                 meshes[p.index] = report["mesh"].get(str(p.index), {})
     version_problems(checks, spec.training.backend)
