@@ -144,7 +144,8 @@ def record_preflight_end(owner: record.Owner, exc: BaseException) -> None:
     owner.record.set_state(RunState.STOPPED if stopped else RunState.FAILED, Failure(
         kind=FailureKind.STOPPED if stopped else FailureKind.REFUSED,
         message=(f"{interrupts.reason()} during the preflight; nothing was started" if stopped
-                 else str(exc) if isinstance(exc, HomeError) else "preflight refused: " + str(exc))))
+                 else str(exc) if isinstance(exc, HomeError) or str(exc).startswith("preflight refused")
+                 else "preflight refused: " + str(exc))))
     owner.save()
 
 
