@@ -135,14 +135,16 @@ def stacks(
 @app.command()
 def report(
     run: Optional[str] = RunArg,
-    out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="PNG",
-                                       help="The PNG to write (default: report.png in the run's folder)."),
+    out: Optional[str] = typer.Option(None, "--output", "-o", metavar="PNG",
+                                      help="The PNG to write (default: report.png in the run's folder)."),
 ):
     """Draw one PNG of a run: samples/s, loss and metrics per epoch, step time, attempts and their reasons, phases
     (needs matplotlib); exit 2 for a run its preflight refused."""
     from launcher.diagnose import commands
+    from launcher.paths import output_file
 
-    commands.report(_which(run), out)
+    path = output_file(out, "-o", "report.png")
+    commands.report(_which(run), path)
 
 
 @app.command()
@@ -167,13 +169,15 @@ def down(run: Optional[str] = RunArg):
 @app.command()
 def render(
     spec: Path = SpecArg,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
-                                          help="Write the manifest here (default: stdout)."),
+    to: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE",
+                                     help="Write the manifest here (default: stdout)."),
 ):
     """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
     from launcher.errors import SpecError
+    from launcher.paths import output_file
     from launcher.specfile import load_spec
 
+    output = output_file(to, "-o", "jobset.yaml")
     cluster = load_spec(spec)
     if cluster.kubernetes is None:
         raise SpecError(f"{spec} has no [kubernetes] table: 'render' writes a JobSet for Kubernetes; "

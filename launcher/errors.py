@@ -49,3 +49,9 @@ class ReportError(MgpuError):
     """A run's report cannot be drawn (refused run, no matplotlib, a path that cannot be written)."""
 
     exit_code = 2
+
+
+class BadArgument(MgpuError):
+    """A command-line argument that cannot be used as given (an output path that is a folder, ...)."""
+
+    exit_code = 2

@@ -12,7 +12,7 @@ from launcher.errors import HomeError
 
 RUNS = "runs"
 PORTS = "ports"
-RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
+RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}\Z")
 
 
 def mgpu_home() -> Path:

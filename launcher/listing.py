@@ -8,6 +8,7 @@ record is listed as damaged, never a traceback.
 from __future__ import annotations
 
 import enum
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,9 @@ def run_ids() -> list[str]:
     folder = runs_dir()
     if not folder.is_dir():
         return []
-    return sorted((p.name for p in folder.iterdir() if RUN_ID.match(p.name) and (p / record.STATE).exists()),
-                  reverse=True)
+    with os.scandir(folder) as found:  # plain strings: thousands of runs are listed at every scrape
+        return sorted((e.name for e in found if RUN_ID.match(e.name)
+                       and os.path.exists(os.path.join(e.path, record.STATE))), reverse=True)
 
 
 def refused(run: record.RunRecord) -> bool:
@@ -83,8 +85,31 @@ def row(run_id: str, now: float) -> RunRow:
 
 
 def rows() -> list[RunRow]:
-    now = time.time()
-    return [row(run_id, now) for run_id in run_ids()]
+    """Every recorded run's row, newest first. An ended run's record no longer changes: its row is read once
+    and kept while its state.json stays the same file (a scrape costs the live runs, not the history)."""
+    now, ids, folder = time.time(), run_ids(), str(runs_dir())
+    for gone in _kept.keys() - set(ids):
+        _kept.pop(gone, None)
+    return [_row(run_id, os.path.join(folder, run_id, record.STATE), now) for run_id in ids]
+
+
+_kept: dict[str, tuple[tuple, RunRow]] = {}  # run id: (its state.json's inode, size, mtime; its row)
+_SETTLED = {Shown.REFUSED, Shown.DAMAGED, *(Shown(s.value) for s in RunState if s.ended)}
+
+
+def _row(run_id: str, state: str, now: float) -> RunRow:
+    try:
+        st = os.stat(state)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        stamp = None
+    kept = _kept.get(run_id)
+    if stamp is not None and kept is not None and kept[0] == stamp:
+        return kept[1]
+    found = row(run_id, now)
+    if stamp is not None and found.state in _SETTLED:
+        _kept[run_id] = (stamp, found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -160,7 +185,7 @@ def ls(as_json: bool = False) -> None:
 
     found = rows()
     if as_json:
-        print(json.dumps([r.to_json() for r in found]), flush=True)
+        print(json.dumps([r.to_json() for r in found], allow_nan=False), flush=True)
         return
     out = Output(threaded=False)
     if not found:

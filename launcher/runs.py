@@ -235,7 +235,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             run = seen.run
             snap = {**snapshot(run, seen.probes), "unrecorded": seen.unrecorded}
             if as_json:
-                print(json.dumps(snap), flush=True)
+                print(json.dumps(snap, allow_nan=False), flush=True)
             elif live is not None:
                 live.update(render(snap, out.console.width), refresh=True)
             elif out.console.is_terminal:

@@ -116,9 +116,12 @@ class Training(_Model):
     def _one_of(self):
         if (self.entrypoint is None) == (self.command is None):
             raise ValueError("set exactly one of 'entrypoint' (built-in runner) or 'command' (your own program)")
-        if self.command is not None and (self.local_replicas is not None or self.collective != Collective.AUTO):
+        jax = self.backend is Backend.JAX  # where the builder gives a command local_replicas too (XLA_FLAGS)
+        if self.command is not None and (self.local_replicas is not None and not jax or
+                                         self.collective != Collective.AUTO):
             raise ValueError("local_replicas and collective are settings of the built-in runner ('entrypoint'); "
-                             "a 'command' builds its own strategy (see worker.strategy_from_env)")
+                             "a 'command' builds its own strategy (see worker.strategy_from_env); with backend = "
+                             "\"jax\" local_replicas gives a command's tasks their CPU devices too")
         if self.backend is Backend.JAX and self.collective != Collective.AUTO:
             raise ValueError(f"collective = {self.collective.value!r} is a setting of TensorFlow's all-reduce; with "
                              "backend = \"jax\" JAX picks its own collectives: leave collective out")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.host.env import owner
+
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1"})
 
 # Every number of the spec is finite and bounded by what its consumer takes (no inf, nan or 301-digit value
@@ -24,8 +26,8 @@ Restarts = Annotated[int, Field(ge=0, le=RESTARTS_MAX)]
 Devices = Annotated[int, Field(ge=0, le=DEVICES_MAX)]
 GpuIndex = Annotated[int, Field(ge=0, lt=DEVICES_MAX)]
 CpuIndex = Annotated[int, Field(ge=0, lt=CPUS_MAX)]
-EnvName = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-Entrypoint = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+EnvName = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+Entrypoint = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
 SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)  # env names whose values are hidden
 
 
@@ -54,8 +56,15 @@ def _no_control(value: str) -> bool:
 
 
 def env_names(env):
-    """An env table's names must be variable names (the values: any text, NULs refused spec-wide)."""
-    for key in env or {}:
+    """An env table's names must be variable names, none of those the launcher sets itself (worker.host.env's
+    OWNED; the values: any text, NULs refused spec-wide)."""
+    for key, value in (env or {}).items():
         if not EnvName.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
+        owned = owner(key, value if isinstance(value, str) else "")
+        if owned is not None:
+            what, use = owned
+            raise ValueError(f"{key}: mgpu-cluster sets {what} for every task itself, from {use}; a value in env "
+                             "would override it, and the task would train in another group or on other devices "
+                             f"than the launcher planned and its preflight checked. Remove it from env and use {use}")
     return env

@@ -10,13 +10,13 @@ from pydantic import Field, field_validator, model_validator
 
 from launcher.specbase import INT32_MAX, SECRET, Devices, Port, _Model, _no_control, env_names
 
-K8sName = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label
-K8sSubdomain = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-Dns1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a Service's name: the JobSet's, its subdomain
-LabelName = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-LabelValue = re.compile(r"^(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-SecretKeyName = re.compile(r"^[-._A-Za-z0-9]{1,253}$")
-K8sQuantity = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+K8sName = re.compile(r"^(?=.{1,63}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")  # a DNS label
+K8sSubdomain = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+Dns1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")  # a Service's name: the JobSet's, its subdomain
+LabelName = re.compile(r"^(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+LabelValue = re.compile(r"^(?=.{0,63}\Z)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
+SecretKeyName = re.compile(r"^[-._A-Za-z0-9]{1,253}\Z")
+K8sQuantity = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?\Z")
 _SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
           **{f"{p}i": 2.0 ** (10 * i) for i, p in enumerate("KMGTPE", 1)}}
 # far above any node, well within the 64 bits in which Kubernetes keeps a quantity (cpu in thousandths of a core;
@@ -24,10 +24,8 @@ _SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e
 QUANTITY_MAX = {"cpu": (10**6, "1000000 cores"), "memory": (2**60, "1Ei bytes"), "shm": (2**60, "1Ei bytes")}
 ANNOTATIONS_MAX = 256 * 1024  # bytes of all of an object's annotations, keys and values
 OWN_LABELS = "mgpu-cluster/"  # the prefix of the labels mgpu-cluster sets itself (mgpu-cluster/run)
-# set by Kubernetes (the Job's index) or by the pod entry from it: a value in [kubernetes].env would stand
-K8S_OWN_ENV = ("JOB_COMPLETION_INDEX", "TF_CONFIG", "MGPU_TASK_INDEX", "MGPU_RUN_DIR", "MGPU_RUN_ID",
-               "MGPU_NUM_WORKERS", "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
-               "KERAS_DISTRIBUTION_PROCESS_ID")
+# set by Kubernetes (the Job's index); the pod entry's own, from it, are worker.host.env's OWNED (specbase.env_names)
+K8S_OWN_ENV = ("JOB_COMPLETION_INDEX",)
 # [launch] keys that mean nothing to a JobSet, and why
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
@@ -238,7 +236,7 @@ class Kubernetes(_Model):
     def _env(cls, env):
         for name in env_names(env) or {}:
             if name in K8S_OWN_ENV:
-                raise ValueError(f"{name}: set in each pod by Kubernetes or by mgpu-cluster from its index; leave it "
+                raise ValueError(f"{name}: set in each pod by Kubernetes (the Job's index); leave it "
                                  "out")
             if SECRET.search(name):
                 raise ValueError(f"{name}: a name that looks secret; its value would be written in clear into the "
@@ -251,7 +249,7 @@ class Kubernetes(_Model):
     @classmethod
     def _secret_env(cls, env):
         for name in sorted(set(env_names(env) or ()) & set(K8S_OWN_ENV)):
-            raise ValueError(f"{name}: set in each pod by Kubernetes or by mgpu-cluster from its index; leave it out")
+            raise ValueError(f"{name}: set in each pod by Kubernetes (the Job's index); leave it out")
         return env
 
     @field_validator("labels", "node_selector")

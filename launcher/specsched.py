@@ -15,10 +15,10 @@ from launcher.speck8s import Kubernetes
 
 # Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; or no limit
-SlurmTime = re.compile(r"^(\d{1,9}(:\d{1,2}){0,2}|\d{1,9}-\d{1,2}(:\d{1,2}){0,2}|INFINITE|UNLIMITED)$")
+SlurmTime = re.compile(r"^(\d{1,9}(:\d{1,2}){0,2}|\d{1,9}-\d{1,2}(:\d{1,2}){0,2}|INFINITE|UNLIMITED)\Z")
 SLURM_TIME_MAX_S = 365 * 24 * 3600  # a longer job asks for INFINITE
 SLURM_NODES_MAX = 65533  # far above the largest Slurm cluster
-SlurmName = re.compile(r"^[A-Za-z0-9_.+-]+$")
+SlurmName = re.compile(r"^[A-Za-z0-9_.+-]+\Z")
 # sbatch options that [slurm] sets itself (or that mgpu-cluster relies on): refused in `sbatch`
 SBATCH_OWN = {
     "-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition", "-t": "time",

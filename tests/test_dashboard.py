@@ -27,15 +27,15 @@ SERIES = ["mgpu_task_step", "mgpu_task_samples_per_second", "mgpu_task_heartbeat
 
 @contextlib.contextmanager
 def dashboard(cli: Cli, *args: str):
-    """`mgpu-cluster dashboard --port P ARGS` until the block ends: (its first line, its URL, its port)."""
+    """`mgpu-cluster dashboard --port P ARGS` until the block ends: (its first line, its URL, its port, its token)."""
     port = free_port()
     proc = cli.popen("dashboard", "--port", str(port), *args)
     try:
         first = proc.stdout.readline()
-        assert first.startswith("dashboard: http://"), first + proc.stdout.read()
+        assert first.startswith("dashboard: http://") and "?token=" in first, first + proc.stdout.read()
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _reachable(port), 30, "the dashboard to answer")
-        yield first, url, port
+        yield first, url, port, first.split("?token=")[1].split()[0]
     finally:
         proc.send_signal(signal.SIGINT)  # as Ctrl-C
         try:
@@ -51,9 +51,10 @@ def _reachable(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, str]:
+def get(url: str, headers: dict | None = None, method: str = "GET", token: str | None = None) -> tuple[int, dict, str]:
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}, method=method), timeout=60) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=60) as r:
             return r.status, dict(r.headers), r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read().decode()
@@ -76,38 +77,90 @@ def test_port_in_use_and_a_missing_extra_are_one_paragraph_exit_2(tmp_path):
     assert "Traceback" not in r.stderr, r.stderr
 
 
-def test_off_loopback_every_request_needs_the_printed_token(tmp_path):
+DATA = ["/api/runs", "/api/runs/20261126-000000-abcd", "/api/runs/20261126-000000-abcd/logs",
+        "/api/runs/20261126-000000-abcd/series", "/metrics", "/nowhere"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_on_every_address_data_needs_the_printed_token_and_no_cookie_carries_it(tmp_path, host):
     cli = Cli(tmp_path / "home", tmp_path)
-    with dashboard(cli, "--host", "0.0.0.0") as (first, url, _):
-        token = first.split("?token=")[1].split()[0]
-        assert len(token) >= 24, first
-        for path in ("/", "/api/runs", "/metrics", "/static/run.js"):
+    with dashboard(cli, "--host", host) as (first, url, _, token):
+        assert len(token) >= 24 and f"Authorization: Bearer {token}" in first, first
+        for path in DATA:
             assert get(url + path)[0] == 401, path
-            assert get(url + path + "?token=wrong")[0] == 401, path
-            assert get(url + path, {"Authorization": "Bearer wrong"})[0] == 401, path
-        code, headers, _ = get(f"{url}/?token={token}")
-        assert code == 200 and "mgpu_token=" in headers.get("set-cookie", ""), headers
-        assert "httponly" in headers["set-cookie"].lower() and "samesite=strict" in headers["set-cookie"].lower()
-        assert "default-src 'self'" in headers["content-security-policy"]
-        cookie = headers["set-cookie"].split(";")[0]
-        code, _, body = get(f"{url}/api/runs", {"Cookie": cookie})  # the page's own requests, after the first
-        assert (code, body) == (200, "[]")
-        code, _, text = get(f"{url}/metrics", {"Authorization": f"Bearer {token}"})
+            assert get(url + path, token="wrong")[0] == 401, path
+            assert get(url + path + f"?token={token}")[0] == 401, path  # only in its header: never in a URL's log
+        for path in ("/", f"/?token={token}", "/runs/20261126-000000-abcd", "/static/run.js"):
+            code, headers, body = get(url + path)  # the page's own files hold no run data
+            assert code == 200 and "set-cookie" not in {k.lower() for k in headers}, (path, headers)
+            assert "default-src 'self'" in headers["content-security-policy"]
+        code, headers, body = get(f"{url}/api/runs", token=token)
+        assert (code, json.loads(body)) == (200, {"runs": [], "total": 0}), body
+        assert "set-cookie" not in {k.lower() for k in headers}, headers
+        code, _, text = get(f"{url}/metrics", token=token)
         assert code == 200 and "Traceback" not in text
 
 
-def test_on_loopback_no_token_but_only_loopback_names_and_no_cross_site_post(tmp_path):
+def test_on_loopback_only_loopback_names_and_no_cross_site_post(tmp_path):
     cli = Cli(tmp_path / "home", tmp_path)
-    with dashboard(cli) as (first, url, port):
-        assert "token" not in first, first
-        assert get(f"{url}/api/runs")[0] == 200
-        assert get(f"{url}/api/runs", {"Host": f"evil.example:{port}"})[0] == 421  # a DNS rebinding's request
+    with dashboard(cli) as (_, url, port, token):
+        assert get(f"{url}/api/runs", token=token)[0] == 200
+        assert get(f"{url}/api/runs", {"Host": f"evil.example:{port}"}, token=token)[0] == 421  # DNS rebinding
         run = "20261126-000000-abcd"
-        assert get(f"{url}/api/runs/{run}/stacks", method="POST")[0] == 403  # a form of another site
-        code, _, text = get(f"{url}/api/runs/{run}/stacks", {"X-Mgpu-Dashboard": "1"}, method="POST")
+        assert get(f"{url}/api/runs/{run}/stacks", method="POST", token=token)[0] == 403  # a form of another site
+        code, _, text = get(f"{url}/api/runs/{run}/stacks", {"X-Mgpu-Dashboard": "1"}, method="POST", token=token)
         assert code == 404 and "not found" in json.loads(text)["error"], text
-        assert get(f"{url}/runs/..%2F..%2Fetc")[0] == 404
-        assert get(f"{url}/api/runs/nope")[0] == 404
+        assert get(f"{url}/api/runs/{run}/stacks", {"X-Mgpu-Dashboard": "1"}, method="POST")[0] == 401
+        assert get(f"{url}/runs/..%2F..%2Fetc", token=token)[0] == 404
+        assert get(f"{url}/api/runs/nope", token=token)[0] == 404
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 and not IN_CI,
+                                reason="needs root to add a second local user (never skipped under CI=true)")
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the other user cannot run ours (under root's home)
+PEEK = """import json, sys, urllib.error, urllib.request
+codes = {}
+for path in sys.argv[2:]:
+    try:
+        with urllib.request.urlopen(sys.argv[1] + path, timeout=30) as r:
+            codes[path] = [r.status, r.read().decode()]
+    except urllib.error.HTTPError as exc:
+        codes[path] = [exc.code, exc.read().decode()]
+print(json.dumps(codes))
+"""
+
+
+@needs_root
+def test_another_local_user_reads_no_run_nor_log_and_takes_no_stacks(cli, tmp_path):
+    """A second account on this machine, on the dashboard's loopback port, gets 401 for the runs, a run, its log,
+    series, metrics and stacks; the page's own files (no run data) are all it reads."""
+    spec = write_spec(tmp_path, 'command = ["python3", "-c", "print(\'a secret in the log\')"]', n=1)
+    assert cli("up", spec, timeout=120).returncode == 0
+    run = status_json(cli)["run_id"]
+    user = f"mgpu-dash{os.getpid() % 100000}"
+    subprocess.run(["useradd", "-M", user], check=True)
+    try:
+        with dashboard(cli) as (_, url, _, token):
+            paths = ["/api/runs", f"/api/runs/{run}", f"/api/runs/{run}/logs", f"/api/runs/{run}/series", "/metrics",
+                     "/", f"/runs/{run}"]
+            peek = subprocess.run(["runuser", "-u", user, "--", SYSTEM_PYTHON, "-c", PEEK, url, *paths],
+                                  capture_output=True, text=True, timeout=120, cwd="/")
+            assert peek.returncode == 0, peek.stderr
+            seen = json.loads(peek.stdout)
+            assert {p: seen[p][0] for p in paths[:5]} == {p: 401 for p in paths[:5]}, seen
+            assert all(seen[p][0] == 200 and run not in seen[p][1] for p in paths[5:]), seen
+            post = ("import urllib.request, sys; r = urllib.request.Request(sys.argv[1], method='POST', "
+                    "headers={'X-Mgpu-Dashboard': '1'})\ntry: urllib.request.urlopen(r, timeout=60)\n"
+                    "except urllib.error.HTTPError as e: print(e.code)")
+            stacks = subprocess.run(["runuser", "-u", user, "--", SYSTEM_PYTHON, "-c", post,
+                                     f"{url}/api/runs/{run}/stacks"], capture_output=True, text=True, timeout=120)
+            assert stacks.stdout.strip() == "401", stacks.stdout + stacks.stderr
+            code, _, logs = get(f"{url}/api/runs/{run}/logs", token=token)  # the owner, with the token
+            assert code == 200 and "a secret in the log" in logs, logs
+            assert "a secret in the log" not in peek.stdout
+    finally:
+        subprocess.run(["userdel", user], check=False)
 
 
 # --------------------------------------------------------------------------- a live run
@@ -124,10 +177,10 @@ def live_run(cli: Cli, tmp_path, name: str = "cluster.toml") -> str:
     return snap["run_id"]
 
 
-def scrape(url: str) -> dict:
+def scrape(url: str, token: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
-    code, _, text = get(f"{url}/metrics")
+    code, _, text = get(f"{url}/metrics", token=token)
     assert code == 200, text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -136,10 +189,10 @@ def scrape(url: str) -> dict:
 def test_metrics_of_a_live_run_hold_every_series_per_task_with_steps_increasing(cli, tmp_path):
     run = live_run(cli, tmp_path)
     try:
-        with dashboard(cli) as (_, url, _):
-            first = scrape(url)
+        with dashboard(cli) as (_, url, _, token):
+            first = scrape(url, token)
             time.sleep(3)
-            second = scrape(url)
+            second = scrape(url, token)
     finally:
         assert cli("down", timeout=120).returncode == 0
     for task in ("0", "1"):
@@ -170,6 +223,30 @@ def browser():
             b.close()
 
 
+@pytest.mark.browser
+def test_two_dashboards_on_one_host_each_keep_their_own_token(tmp_path, browser):
+    """Opening a second dashboard (another port, another user's, say) neither logs the first out nor is sent its
+    token: each page sends its own token, to its own port, and nothing else."""
+    one, two = Cli(tmp_path / "one", tmp_path), Cli(tmp_path / "two", tmp_path)
+    with dashboard(one) as (_, url1, port1, token1), dashboard(two) as (_, url2, port2, token2):
+        context = browser.new_context()
+        sent = []
+        context.on("request", lambda r: sent.append((r.url, r.headers.get("authorization"), r.headers.get("cookie"))))
+        first, second = context.new_page(), context.new_page()
+        first.goto(f"{url1}/?token={token1}")
+        second.goto(f"{url2}/?token={token2}")
+        for page, url in ((first, url1), (second, url2), (first, url1)):  # the first again, after the second
+            page.goto(url + "/")  # no token in the URL: the page kept its own
+            wait_for(lambda: "0 run(s)" in page.inner_text("#count"), 10, f"{url}'s runs listed")
+            assert page.inner_text("#problem") == "", page.inner_text("#problem")
+        context.close()
+    mine = {f":{port1}/": token1, f":{port2}/": token2}
+    for where, authorization, cookie in sent:
+        token = next(t for p, t in mine.items() if p in where)
+        assert cookie is None and authorization in (None, f"Bearer {token}"), (where, authorization, cookie)
+    assert any(a == f"Bearer {token1}" for _, a, _ in sent) and any(a == f"Bearer {token2}" for _, a, _ in sent)
+
+
 def steps_on_screen(page) -> list[int]:
     """Both tasks' steps done, as the page shows them now (-1 while not known)."""
     texts = [page.inner_text(f'[data-task="{i}"] .global-step') if page.query_selector(f'[data-task="{i}"]') else ""
@@ -181,11 +258,12 @@ def steps_on_screen(page) -> list[int]:
 def test_a_live_runs_page_moves_draws_and_shows_a_killed_task_failed_within_3_s(cli, tmp_path, browser):
     run = live_run(cli, tmp_path, name=MARKUP)  # what the records hold is shown as text, never run as markup
     try:
-        with dashboard(cli) as (_, url, _):
+        with dashboard(cli) as (_, url, _, token):
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(url + "/")
+            page.goto(f"{url}/?token={token}")  # the URL it printed; the page keeps the token, the URL bar drops it
+            assert page.url == url + "/", page.url
             page.wait_for_selector(f'[data-run="{run}"]', timeout=10_000)
             assert "running" in page.inner_text(f'[data-run="{run}"]') and MARKUP in page.inner_text("body")
             assert not page.query_selector("img") and page.title() != "pwned"

@@ -233,8 +233,8 @@ def test_report_of_a_real_run_has_each_panels_data(cli, tmp_path):
     # one training throughput: the last epoch's console line, status --json, /metrics and the report's data agree
     last = shown[epochs]
     snap = status_json(cli)
-    with dashboard(cli) as (_first, url, _port):
-        scraped = scrape(url)
+    with dashboard(cli) as (_first, url, _port, token):
+        scraped = scrape(url, token)
     for t in snap["tasks"]:
         served = scraped[("mgpu_task_samples_per_second", (("run", snap["run_id"]), ("task", str(t["index"]))))]
         drawn = next(e["samples_per_s"] for e in data["epochs"] if e["task"] == t["index"] and e["epoch"] == epochs)

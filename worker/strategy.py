@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from worker.errors import SettingError
+from worker.groupsize import check_workers
 from worker.host.clock import wait_until
 
 COLLECTIVES = ("auto", "ring", "nccl")
@@ -248,6 +249,8 @@ def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "a
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, "
                          f"not {collective!r}")
+    info = cluster_from_env(environ)
+    check_workers(info.num_workers, "TF_CONFIG" if info.workers else "no TF_CONFIG", environ)
     from worker import replicas as local
 
     tf = import_tensorflow()
@@ -256,7 +259,6 @@ def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "a
     cpu_replicas = local_replicas if local_replicas and local_replicas > 1 and not gpus else None
     if devices and cpu_replicas:
         raise ValueError("give devices= or local_replicas=, not both")
-    info = cluster_from_env(environ)
     if info.multi_worker:
         if devices:
             raise ValueError("devices= only applies to a single worker; under "

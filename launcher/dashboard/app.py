@@ -70,8 +70,8 @@ def metrics(_: Request) -> Response:
     return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-def create(token: str | None) -> Starlette:
-    """The app; `token`: what every request must show (None on a loopback address)."""
+def create(token: str, local: bool) -> Starlette:
+    """The app; `token`: what every request for data must show; `local`: bound to a loopback address."""
     return Starlette(routes=[
         Route("/", runs_page),
         Route("/runs/{run_id}", run_page),
@@ -82,4 +82,4 @@ def create(token: str | None) -> Starlette:
         Route("/api/runs/{run_id}/stacks", api_stacks, methods=["POST"]),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=STATIC)),
-    ], middleware=[Middleware(Guard, token=token)])
+    ], middleware=[Middleware(Guard, token=token, local=local)])

@@ -1,6 +1,7 @@
-"""Who may read the dashboard: on a loopback address, pages asked for by a loopback name (no DNS rebinding);
-on any other address, whoever shows the token printed at start (?token= once, then a cookie, or an
-`Authorization: Bearer` header). Every answer carries headers that keep the page's own scripts the only ones."""
+"""Who may read the dashboard: whoever shows the token printed at start, on any address (an `Authorization:
+Bearer` header; the page keeps it in its own origin's storage, so no cookie carries it to another port). The
+page shells and their scripts hold no run data and need none; on a loopback address only loopback names are
+answered (no DNS rebinding). Every answer carries headers that keep the page's own scripts the only ones."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-COOKIE = "mgpu_token"
 ASKED = "x-mgpu-dashboard"  # a POST must carry it: a form of another site cannot, a script of another origin is
 # stopped by the browser's preflight
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -22,6 +22,8 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+ASK = ("401: this dashboard answers only to the token that 'mgpu-cluster dashboard' printed at start: open the URL "
+       "it printed (it hands the token to the page), or send 'Authorization: Bearer TOKEN'")
 
 
 def loopback(host: str) -> bool:
@@ -40,29 +42,30 @@ def _name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
-def _same(given: str | None, token: str) -> bool:
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+def shell(path: str) -> bool:
+    """A path that serves the page's own files (no run data): the two pages and /static/."""
+    return path == "/" or path.startswith("/static/") or (path.startswith("/runs/") and path.count("/") == 2)
+
+
+def bearer(request: Request) -> str | None:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else None
 
 
 class Guard(BaseHTTPMiddleware):
-    def __init__(self, app, token: str | None):
+    def __init__(self, app, token: str, local: bool):
         super().__init__(app)
-        self.token = token
+        self.token, self.local = token.encode(), local
 
     async def dispatch(self, request: Request, call_next) -> Response:
-        if self.token is None and not loopback(_name(request.headers.get("host", ""))):
+        if self.local and not loopback(_name(request.headers.get("host", ""))):
             return PlainTextResponse("this dashboard answers only to localhost", 421, headers=HEADERS)
-        in_query = request.query_params.get("token")
-        if self.token is not None:
-            bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not any(_same(g, self.token) for g in (in_query, request.cookies.get(COOKIE), bearer)):
-                return PlainTextResponse("401: this dashboard asks for the token that 'mgpu-cluster dashboard' "
-                                         "printed: open the URL it printed, or send 'Authorization: Bearer TOKEN'",
-                                         401, headers={**HEADERS, "WWW-Authenticate": "Bearer"})
+        if not shell(request.url.path):
+            given = bearer(request)
+            if not given or not hmac.compare_digest(given.encode(), self.token):
+                return PlainTextResponse(ASK, 401, headers={**HEADERS, "WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.headers.get(ASKED) != "1":
             return PlainTextResponse(f"403: a POST needs the header {ASKED}: 1", 403, headers=HEADERS)
         response = await call_next(request)
         response.headers.update(HEADERS)
-        if self.token is not None and _same(in_query, self.token):
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
         return response

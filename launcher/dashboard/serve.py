@@ -1,5 +1,5 @@
-"""`mgpu-cluster dashboard`: bind the address (a port in use is one paragraph), print where the page is (with
-the token, off loopback), serve until Ctrl-C."""
+"""`mgpu-cluster dashboard`: bind the address (a port in use is one paragraph), print where the page is with
+its token (new at each start, on every address), serve until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def serve(host: str, port: int) -> None:
     except ImportError as exc:
         raise DashboardError(f"dashboard: {exc.name or 'a package it needs'} is not installed; the dashboard "
                              f"comes with an extra: {EXTRA}") from None
-    token = None if loopback(host) else secrets.token_urlsafe(24)
+    token = secrets.token_urlsafe(24)
     sock = _bind(host, port)
-    where = url(host, port) + (f"?token={token}" if token else "")
-    guard = (f"; every request must carry its token (this URL sets a cookie; /metrics: 'Authorization: Bearer "
-             f"{token}')" if token else "")
-    print(f"dashboard: {where} (read-only, from the run records{guard}; Ctrl-C stops it)", flush=True)
-    config = uvicorn.Config(create(token), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    print(f"dashboard: {url(host, port)}?token={token} (read-only, from the run records; only this token reads "
+          f"them: this URL hands it to the page; /metrics: 'Authorization: Bearer {token}'; Ctrl-C stops it)",
+          flush=True)
+    config = uvicorn.Config(create(token, loopback(host)), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])

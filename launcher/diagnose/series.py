@@ -16,6 +16,7 @@ from launcher.run.progress import real, typed, whole
 from launcher.run.record import PROGRESS_LOG, STATE
 
 HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn
+POINTS_DRAWN = 1000  # a longer line is drawn from at most this many of its points (thin())
 
 
 def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
@@ -69,15 +70,41 @@ def build(run: dict, history: list[dict], now: float | None = None) -> dict:
     phases = timeline.phases(run, clock, until)
     tried = timeline.attempts(run, clock)
     lost = run.get("hosts_lost") if isinstance(run.get("hosts_lost"), list) else []
+    startups = _startups(phases, tried, tasks, epochs)
+    share = max(POINTS_DRAWN // 10, POINTS_DRAWN // max(1, len(tasks)))  # the tasks' lines share the points
+    tasks = [{**t, "points": thin(t["points"], ("loss", "samples_per_s", "compute_ms", "wait_ms"), share)}
+             for t in tasks]
+    within, group_epochs = thin(_group_within(tasks), ("samples_per_s",)), _group_epochs(epochs)
     return {"run_id": text(run.get("run_id")) or "?", "state": text(run.get("state")), "t0": t0,
             "end": clock(ended), "until": clock(until), "refused": timeline.refused(run),
             "restarts": whole(run.get("restarts")) or 0, "preemptions": whole(run.get("preemptions")) or 0,
             "hosts_lost": [i for i in lost if whole(i) is not None],
-            "failure": timeline.failure(run.get("failure")), "tasks": tasks, "epochs": epochs,
-            "group": {"within": _group_within(tasks), "epochs": _group_epochs(epochs)},
-            "phases": phases, "startups": _startups(phases, tried, tasks, epochs),
+            "failure": timeline.failure(run.get("failure")), "tasks": tasks,
+            "epochs": thin(epochs, ("samples_per_s", "loss")),
+            "group": {"within": within, "epochs": thin(group_epochs, ("samples_per_s", "loss"))},
+            "phases": phases, "startups": startups,
             "attempts": tried, "restart_phases": timeline.restarts(run, clock),
             "events": timeline.events(run, clock, tried)}
+
+
+def thin(points: list[dict], keys: tuple[str, ...], most: int = POINTS_DRAWN) -> list[dict]:
+    """At most `most` of time-ordered `points`, the one reduction the PNG and the page both draw: the points cut
+    in runs of equal count, of each run the last and those that hold each key's lowest and highest value, so
+    a spike or a dip stays drawn and the line runs up to its newest point."""
+    per = 2 * len(keys) + 1
+    if len(points) <= most or most < per:
+        return points
+    buckets = most // per
+    kept = []
+    for b in range(buckets):
+        run = range(len(points) * b // buckets, len(points) * (b + 1) // buckets)
+        chosen = {run[-1]}
+        for key in keys:
+            valued = [i for i in run if points[i].get(key) is not None]
+            if valued:
+                chosen |= {min(valued, key=lambda i: points[i][key]), max(valued, key=lambda i: points[i][key])}
+        kept += [points[i] for i in sorted(chosen)]
+    return kept
 
 
 def _rows(history: list[dict]) -> list[dict]:

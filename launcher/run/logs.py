@@ -32,6 +32,13 @@ class Lines:
         return [line.removesuffix("\r") for line in lines]
 
 
+def screen(line: str, width: int) -> str:
+    """What a terminal shows of a log line: its last `\r` frame (a progress bar redrawn in place), cut to `width`
+    characters, saying how many were left out."""
+    line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    return line if len(line) <= width else f"{line[:width]}… ({len(line) - width} more characters)"
+
+
 def never_started(run: record.RunRecord, follow: bool) -> record.RunRecord:
     """The run, once it has started a task (`follow` waits while its preflight runs); RunNotFound for a run
     that never started one (a preflight refused it): it has no logs."""

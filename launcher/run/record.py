@@ -20,6 +20,7 @@ from launcher.home import run_folder as run_path
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
+from launcher.run.fields import Count, Percent, Pid, Port, Time
 from launcher.run.lock import Lock
 from launcher.run.states import AttemptOutcome, RunState, TaskState
 from worker.host import layout
@@ -35,22 +36,22 @@ UNSAVED = "unsaved.json"  # room reserved at the start: what the launcher knows 
 
 @dataclass
 class TaskRecord:
-    index: int
+    index: Count
     host: str
     address: str
-    port: int
+    port: Port
     run_dir: str
     state: TaskState = TaskState.PENDING
-    pid: int | None = None
-    create_time: float | None = None
-    supervisor_pid: int | None = None
+    pid: Pid | None = None
+    create_time: Time | None = None
+    supervisor_pid: Pid | None = None
     exit_code: int | None = None
-    attempt: int = 0  # the attempt it last took part in (the run's failure restarts are RunRecord.restarts)
-    started_at: float | None = None
-    ended_at: float | None = None
-    heartbeat: float | None = None  # when its progress last changed (launcher's clock)
-    progress: dict | None = None
-    cpu_percent: float | None = None  # relayed by the task's supervisor
+    attempt: Count = 0  # the attempt it last took part in (the run's failure restarts are RunRecord.restarts)
+    started_at: Time | None = None
+    ended_at: Time | None = None
+    heartbeat: Time | None = None  # when its progress last changed (launcher's clock)
+    progress: dict | None = None  # untrusted as the task wrote it: read through launcher.run.progress.typed
+    cpu_percent: Percent | None = None  # relayed by the task's supervisor
     rss: int | None = None
     proc_status: str | None = None
     env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
@@ -60,9 +61,9 @@ class TaskRecord:
 
 @dataclass
 class Attempt:
-    number: int
-    started_at: float
-    ended_at: float | None = None
+    number: Count
+    started_at: Time
+    ended_at: Time | None = None
     outcome: AttemptOutcome | None = None
     reason: str | None = None  # what ended it, in words
     failure: Failure | None = None  # the failure that ended it, as data
@@ -79,15 +80,15 @@ class RunRecord:
     spec_path: str
     engine: str = "supervised"
     state: RunState = RunState.PREFLIGHT
-    attempt: int = 0
-    restarts: int = 0  # after failures (bounded by max_restarts)
-    preemptions: int = 0  # after notices (bounded by max_preemptions; not restarts)
-    hosts_lost: list[int] = field(default_factory=list)  # tasks left out for good (elastic runs)
-    agent_pid: int | None = None
-    agent_create_time: float | None = None
+    attempt: Count = 0
+    restarts: Count = 0  # after failures (bounded by max_restarts)
+    preemptions: Count = 0  # after notices (bounded by max_preemptions; not restarts)
+    hosts_lost: list[Count] = field(default_factory=list)  # tasks left out for good (elastic runs)
+    agent_pid: Pid | None = None
+    agent_create_time: Time | None = None
     detached: bool = False
-    created_at: float = field(default_factory=time.time)
-    ended_at: float | None = None
+    created_at: Time = field(default_factory=time.time)
+    ended_at: Time | None = None
     failure: Failure | None = None
     job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict[str, float] = field(default_factory=dict)  # when each phase began, or took (preflight_s)

@@ -50,6 +50,26 @@ HOST_ADDRESS = "MGPU_HOST_ADDRESS"  # on JAX: this task's address in the cluster
 KERAS_VARIABLES = ("KERAS_BACKEND", "KERAS_DISTRIBUTION_JOB_ADDRESSES", NUM_PROCESSES, PROCESS_ID)
 
 
+HOSTS = "[[hosts]] (or [slurm] nodes, [kubernetes] workers)"
+# the variables this builder owns, by the spec key that sets each: a spec's env that sets one is refused (a task
+# would train in another group, or on other devices, than the launcher planned and its preflight checked)
+OWNED = {"TF_CONFIG": HOSTS, "MGPU_TASK_INDEX": HOSTS, "MGPU_NUM_WORKERS": HOSTS, "KERAS_BACKEND": "[training] backend",
+         "CUDA_VISIBLE_DEVICES": "gpus (or [slurm] gpus_per_node, [kubernetes] gpus_per_worker)",
+         "MGPU_RUN_ID": "`up` (each run's own id)", "MGPU_RUN_DIR": "workdir", HOST_ADDRESS: "address"}
+OWNED_PREFIXES = {"KERAS_DISTRIBUTION_": HOSTS}  # every variable keras.distribution reads
+OWNED_FLAGS = {"XLA_FLAGS": {XLA_CPU_DEVICES: "[training] local_replicas"}}  # a flag inside a variable
+
+
+def owner(name: str, value: str = "") -> tuple[str, str] | None:
+    """Where this builder owns variable `name` (given `value`): what it sets (the name, or a flag in it) and
+    the spec key to use instead; else None."""
+    prefix = next((p for p in OWNED_PREFIXES if name.startswith(p)), None)
+    flag = next((f for f in OWNED_FLAGS.get(name, ()) if f in value), None)
+    if name in OWNED or prefix:
+        return name, OWNED.get(name) or OWNED_PREFIXES[prefix]
+    return (f"{flag} in {name}", OWNED_FLAGS[name][flag]) if flag else None
+
+
 def keras_distribution(workers: list[str], rank: int) -> dict[str, str]:
     """KERAS_VARIABLES on JAX, what `keras.distribution.initialize()` reads: the coordinator (rank 0's
     host:port), the number of processes and this one's id."""

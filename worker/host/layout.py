@@ -38,9 +38,9 @@ STALE = (EXIT_CODE, PROGRESS, PID, TASK_INFO)  # an earlier attempt's, removed b
 ENV = "env.json"  # the launcher's part of every task's environment
 ALIVE = "launcher.alive"  # touched by the launcher; stale once it is gone (the tasks' lifeline)
 
-_INDEX = re.compile(r"^(0|[1-9][0-9]{0,8})$")  # ASCII digits, no leading zero: one spelling per index
-_TASK = re.compile(r"^task-(0|[1-9][0-9]{0,8})$")
-_EVENTS = re.compile(r"^events-(0|[1-9][0-9]{0,8})\.jsonl$")
+_INDEX = re.compile(r"^(0|[1-9][0-9]{0,8})\Z")  # ASCII digits, no leading zero: one spelling per index
+_TASK = re.compile(r"^task-(0|[1-9][0-9]{0,8})\Z")
+_EVENTS = re.compile(r"^events-(0|[1-9][0-9]{0,8})\.jsonl\Z")
 
 
 def _join(base: P, *parts: str) -> P:

@@ -12,7 +12,8 @@ from pathlib import Path
 from worker.host import layout
 from worker.host.files import write_private
 
-_MODULE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*(\.[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*)*$")  # none private
+# a module's dotted name, none of its parts private
+_MODULE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*(\.[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*)*\Z")
 MODULES_MAX = 20000
 # the frameworks the standby imports itself, as the program would: their lazy parts are theirs to load, when and
 # in the order they choose (a list of names would import Keras 3's modules beside tf_keras's, for one)

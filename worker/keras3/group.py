@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, MutableMapping
 
 from worker.errors import SettingError, WorkerError
+from worker.groupsize import check_replicas, check_workers
 from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID
 from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
 from worker.protocol import EXIT_PREEMPTED
@@ -68,18 +69,24 @@ def join(keras: Any, local_replicas: int | None) -> Group:
     import jax
 
     size = _whole(NUM_PROCESSES, 1, os.environ)
+    check_workers(size, f"keras.distribution: {NUM_PROCESSES} {os.environ.get(NUM_PROCESSES, '').strip() or 'unset'}")
     if size > 1:
         # our own SIGTERM handler takes notices (worker.keras3.checkpoints); JAX's would replace it
         jax.config.update("jax_enable_preemption_service", False)
         if os.environ.get(HOST_ADDRESS):
             bind_gloo(os.environ[HOST_ADDRESS])
-        keras.distribution.initialize()
+        try:
+            keras.distribution.initialize()
+        except AssertionError:  # Keras' seed all-reduce (a pmap over every process's CPUs) where their devices differ
+            check_replicas(jax.device_count(), jax.process_count(), jax.local_device_count(), "jax.device_count()")
+            raise
     local = jax.local_device_count()
     if local_replicas and local != local_replicas:
         raise WorkerError(f"--local-replicas {local_replicas}, but this task has {local} {jax.default_backend()} "
                           f"device(s): with GPUs, make it the number of visible GPUs; on CPU, set XLA_FLAGS="
                           f"{HOST_DEVICES_FLAG}={local_replicas} (or leave XLA_FLAGS to the runner)")
     devices = keras.distribution.list_devices()
+    check_replicas(len(devices), jax.process_count(), local, "keras.distribution.list_devices()")
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False))
     return Group(index=jax.process_index(), size=jax.process_count(), local_devices=local, devices=len(devices))
 

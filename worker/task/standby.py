@@ -33,7 +33,7 @@ ENV_GROUP = "MGPU_STANDBY_GROUP"  # "own": its core leads a session of its own (
 EXIT_NO_START = 70  # EX_SOFTWARE
 READY, GO = b"ready\n", b"go\n"
 MODULE = "worker.task.standby"
-_PYTHON = re.compile(r"python(\d+(\.\d+)*)?$")
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?\Z")
 
 
 class Form(str, enum.Enum):

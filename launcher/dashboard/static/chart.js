@@ -10,6 +10,10 @@ const PHASE = { preflight: "#bdc3c7", start: "#f1c40f", "first step": "#e67e22",
 const EVENT = { failure: "#c0392b", restart: "#2471a3", preemption: "#e67e22", lost: "#8e44ad" };
 const PAD = { left: 64, right: 12, top: 10, bottom: 24 };
 
+function largest(values, start = -Infinity) {  // Math.max(...values) overflows the stack on a long array
+  return values.reduce((a, b) => (b > a ? b : a), start);
+}
+
 function colour(i) {
   return PALETTE[Math.abs(i) % PALETTE.length];
 }
@@ -63,7 +67,7 @@ function frame(width, height, until, ymax) {
 // lines: [{name, colour, points: [[t, y], ...], dots, dashed}]; marks: [{t, label}] (epoch ends)
 function timeChart({ width, height = 190, until, lines, marks = [] }) {
   const values = lines.flatMap((l) => l.points.map((p) => p[1]));
-  const ymax = values.length ? Math.max(...values) * 1.08 : 1;
+  const ymax = values.length ? largest(values) * 1.08 : 1;
   const { x, y, axes } = frame(width, height, until, ymax);
   const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "chart" }, axes);
   for (const m of marks) {

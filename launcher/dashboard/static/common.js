@@ -25,8 +25,25 @@ function svg(tag, attrs, ...children) {
   return build(document.createElementNS(SVG_NS, tag), attrs, children);
 }
 
-async function getJson(url, options) {
-  const response = await fetch(url, { cache: "no-store", credentials: "same-origin", ...options });
+// The dashboard's token: given once in the URL it printed, then kept in this origin's storage (its own host
+// and port: no other dashboard ever sees it) and sent as a header; the URL bar drops it at once.
+const TOKEN_KEY = "mgpu-dashboard-token";
+const TOKEN = (() => {
+  const given = new URLSearchParams(location.search).get("token");
+  if (given) {
+    localStorage.setItem(TOKEN_KEY, given);
+    history.replaceState(null, "", location.pathname);
+  }
+  return localStorage.getItem(TOKEN_KEY) || "";
+})();
+
+async function getJson(url, options = {}) {
+  const headers = { ...(options.headers || {}), Authorization: `Bearer ${TOKEN}` };
+  const response = await fetch(url, { cache: "no-store", credentials: "omit", ...options, headers });
+  if (response.status === 401) {
+    throw new Error("this dashboard asks for its token: open the URL that 'mgpu-cluster dashboard' printed " +
+                    "(it is new at each start)");
+  }
   let body;
   try {
     body = await response.json();

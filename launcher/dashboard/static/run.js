@@ -95,7 +95,7 @@ function showSeries(series, error) {
   }
   const width = Math.max(280, box.clientWidth - 2);
   const allT = series.tasks.flatMap((t) => t.points.map((p) => p.t));
-  const until = Math.max(1, series.until ?? series.end ?? 0, ...allT);
+  const until = largest(allT, Math.max(1, series.until ?? series.end ?? 0));
   const group = series.group || { within: [], epochs: [] };
   const marks = group.epochs.map((e) => ({ t: e.t, label: `epoch ${e.epoch} ended` }));
 

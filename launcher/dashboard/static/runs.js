@@ -16,8 +16,10 @@ function runRow(run) {
 async function refresh() {
   const problem = document.getElementById("problem");
   try {
-    const runs = await getJson("/api/runs");
-    document.getElementById("count").textContent = `${runs.length} run(s), newest first`;
+    const { runs, total } = await getJson("/api/runs");
+    document.getElementById("count").textContent = runs.length < total
+      ? `the newest ${runs.length} of ${total} runs ('mgpu-cluster ls' lists every run)`
+      : `${total} run(s), newest first`;
     fillTable(document.getElementById("runs"), runs.map(runRow));
     showError(problem, null);
   } catch (error) {

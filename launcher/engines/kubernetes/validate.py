@@ -51,7 +51,7 @@ def _values(model, path: str = "") -> list[str]:
                 allowed, pattern = _allowed(field.description), _PATTERN.search(field.description or "")
                 if allowed and item not in allowed:
                     problems.append(f"{at.lstrip('.')}: {item!r} is not one of {', '.join(allowed)}")
-                elif pattern and not re.match(pattern.group(1), item):
+                elif pattern and not re.fullmatch(pattern.group(1), item):
                     problems.append(f"{at.lstrip('.')}: {item!r} does not match {pattern.group(1)}")
     return problems
 

@@ -16,7 +16,7 @@ from worker.host import layout
 from worker.host.env import Backend
 from worker.host.spawn import module_argv
 
-SAFE = re.compile(r"^[\w./@%:=+,-]+$")
+SAFE = re.compile(r"^[\w./@%:=+,-]+\Z")
 SHOWN_CHARS = 1000  # of one value in the dry run (TF_CONFIG grows with the nodes)
 
 

@@ -25,7 +25,7 @@ from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.sftp import sync_over_sftp
 from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, Transport, env_line, pump
 from worker.host import layout
-from worker.host.files import READ_MAX_BYTES
+from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
 from worker.task.standby import GO
 from worker.task.supervised import BROKEN
@@ -299,15 +299,18 @@ class SSHTransport(Transport):
 
     def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
         path = layout.file(plan.run_dir, layout.WORKER_LOG)
-        argv = ["sh", "-c", 'stat -c %s "$1" && tail -n "$2" "$1"', "sh", path, str(tail)] if tail is not None else \
-            ["sh", "-c", 'test -r "$1" || { ls "$1" >/dev/null; exit 1; }; tail -c "+$2" "$1" | head -c "$3"', "sh", path, str(offset + 1), str(READ_MAX_BYTES)]
+        if tail is not None:  # its size, then its end: the last lines are cut from it here
+            argv = ["sh", "-c", 'stat -c %s "$1" && tail -c "$2" "$1"', "sh", path, str(tail_bytes(tail))]
+        else:
+            argv = ["sh", "-c", 'test -r "$1" || { ls "$1" >/dev/null; exit 1; }; tail -c "+$2" "$1" | head -c "$3"',
+                    "sh", path, str(offset + 1), str(READ_MAX_BYTES)]
         code, out, err = self.run_bytes(shell_command(argv, plan.cwd), CALL_TIMEOUT_S)
         if code != 0:
             raise LogUnreadable((err.decode("utf-8", "replace").strip().splitlines() or ["no such file"])[-1])
         if tail is None:
             return out, offset + len(out)
         size, _, data = out.partition(b"\n")
-        return data, int(size.strip() or 0)
+        return last_lines(data, tail), int(size.strip() or 0)
 
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
         return self._probe_call(plans, [], CALL_TIMEOUT_S)
