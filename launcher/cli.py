@@ -3,23 +3,69 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import re
 import sys
 import threading
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from launcher.errors import MgpuError
 
+ABOUT = ("Launch and orchestrate multi-worker training from one cluster.toml: TensorFlow (MultiWorkerMirroredStrategy) "
+         "or Keras 3 on JAX.")
+
+
+class Group(TyperGroup):
+    """The command list gives each command's first paragraph whole, wrapped (typer cuts it at '...')."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = [(name, (cmd.help or "").split("\n\n")[0].replace("\n", " ").strip())
+                for name in self.list_commands(ctx) for cmd in [self.get_command(ctx, name)] if not cmd.hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+class Command(TyperCommand):
+    """Usage names arguments as their help does (SPEC, not typer's {SPEC}); a flag with a metavar shows it
+    (`--resume [RUN]`, whose run id comes as an extra argument)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{(.*)\}", r"\1", p) for p in super().collect_usage_pieces(ctx)]
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            row = param.get_help_record(ctx)
+            if row is None:
+                continue
+            if param.param_type_name == "argument":  # its name alone, as in the usage (no "<path>")
+                args.append((f"{param.metavar or param.name.upper()}{'...' if param.nargs != 1 else ''}", row[1]))
+            else:
+                opts.append((f"{row[0]} {param.metavar}", row[1]) if getattr(param, "is_flag", False)
+                            and param.metavar else row)
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,  # plain help: rich's markdown and pygments cost ~0.1 s per start
-    help="Launch and orchestrate multi-worker TensorFlow training from one cluster.toml.",
+    help=ABOUT,
 )
+
+
+def command(*names: str, **kw):
+    return app.command(*names, cls=Command, **kw)
+
 
 SpecArg = typer.Argument(..., help="The cluster spec (TOML).", show_default=False, metavar="SPEC")
 RunArg = typer.Argument(None, help="Run id; left out, the newest run that did not end in its preflight ('ls' "
@@ -36,9 +82,10 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _options(_: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _options(_: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                     help="Print the version and exit.")):
-    """Launch and orchestrate multi-worker TensorFlow training from one cluster.toml."""
+    """Launch and orchestrate multi-worker training from one cluster.toml: TensorFlow (MultiWorkerMirroredStrategy)
+    or Keras 3 on JAX."""
 
 
 _said: list[str] = []  # which run a command without a run id took, said once it succeeded
@@ -55,14 +102,18 @@ def _which(run: str | None) -> str:
     return chosen.run_id
 
 
-@app.command()
+@command()
 def check(spec: Path = SpecArg):
-    """Validate SPEC and check every host and port; exit 0 when all pass, 2 otherwise."""
+    """Validate SPEC and check every host and port, the entrypoint imported on each; exit 0 when all pass, 2
+    otherwise.
+
+    It starts no training, but copies the `sync` files to each remote host's workdir, creating the workdir where
+    it is missing, as up does."""
     from launcher import up as upmod
 
     upmod.check(spec)
 
-@app.command(context_settings={"allow_extra_args": True})
+@command(context_settings={"allow_extra_args": True})
 def up(
     ctx: typer.Context,
     spec: Path = SpecArg,
@@ -70,13 +121,13 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
-    resume: bool = typer.Option(False, "--resume", help="--resume [RUN]: go on from the checkpoint of run RUN, "
+    resume: bool = typer.Option(False, "--resume", metavar="[RUN]", help="Go on from the checkpoint of run RUN, "
                                 "stopped or failed (left out: this spec's newest run); the spec must be as that run "
-                                "had it."),
+                                "had it, and the training gets that run's arguments unless others follow --."),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
 ):
-    """Check SPEC, start every task, stream their output, stop all on the first failure. Arguments after --
-    go to the training: up SPEC -- --epochs 3."""
+    """Check SPEC, start every task, stream their output, stop all on the first failure. The training's own
+    arguments go after --: up SPEC -- --epochs 3."""
     from launcher import up as upmod
     from launcher.errors import SpecError
 
@@ -89,7 +140,7 @@ def up(
     upmod.up(spec, detach=detach, dry_run=dry_run, quiet=quiet, verbose=verbose, run_id=run_id,
              resume=(before[0] if before else "") if resume else None, args=args)
 
-@app.command("ls")
+@command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):
     """List the runs recorded on this machine, newest first: state, engine, tasks, start, duration, spec."""
     from launcher import listing
@@ -97,7 +148,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):
     listing.ls(as_json=as_json)
 
 
-@app.command()
+@command()
 def status(
     run: Optional[str] = RunArg,
     as_json: bool = typer.Option(False, "--json", help="One JSON object."),
@@ -107,9 +158,10 @@ def status(
     """Show every task of a run: state, progress, heartbeat, CPU and memory."""
     from launcher import runs
 
-    runs.status(_which(run), as_json=as_json, watch=watch, probe=probe)
+    with _follower(watch):
+        runs.status(_which(run), as_json=as_json, watch=watch, probe=probe)
 
-@app.command()
+@command()
 def logs(
     run: Optional[str] = RunArg,
     task: Optional[int] = TaskOpt,
@@ -120,9 +172,20 @@ def logs(
     """Print the workers' logs of a run."""
     from launcher import runs
 
-    runs.logs(_which(run), task=task, follow=follow, tail=tail)
+    with _follower(follow):
+        runs.logs(_which(run), task=task, follow=follow, tail=tail)
 
-@app.command()
+@contextlib.contextmanager
+def _follower(following: bool):
+    """Ctrl-C is how one leaves a follower (`logs -f`, `status --watch`): exit 0, nothing said, as `kubectl logs -f`."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if not following or exc.args[:1] not in ((), ("SIGINT",)):
+            raise
+
+
+@command()
 def stacks(
     run: Optional[str] = RunArg,
     task: Optional[int] = TaskOpt,
@@ -132,7 +195,7 @@ def stacks(
 
     commands.stacks(_which(run), task=task)
 
-@app.command()
+@command()
 def report(
     run: Optional[str] = RunArg,
     out: Optional[str] = typer.Option(None, "--output", "-o", metavar="PNG",
@@ -147,9 +210,9 @@ def report(
     commands.report(_which(run), path)
 
 
-@app.command()
+@command()
 def dashboard(
-    port: int = typer.Option(8265, "--port", help="The port to serve on.", metavar="PORT", min=0, max=65535),
+    port: int = typer.Option(8477, "--port", help="The port to serve on.", metavar="PORT", min=0, max=65535),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS",
                              help="The address to serve on; another than loopback asks for the token it prints."),
 ):
@@ -159,14 +222,35 @@ def dashboard(
     serve(host, port)
 
 
-@app.command()
+@command()
 def down(run: Optional[str] = RunArg):
     """Stop every task of a run (safe to repeat)."""
     from launcher import runs
 
     runs.down(_which(run))
 
-@app.command()
+@command()
+def rm(runs: list[str] = typer.Argument(..., help="Run ids ('ls' lists them).", show_default=False, metavar="RUN")):
+    """Remove the records of ended runs (a live run is refused); a local run's checkpoint and model are kept."""
+    from launcher import listing
+
+    listing.remove(runs)
+
+
+@command()
+def prune(
+    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="AGE",
+                                             help="Also every ended run older than AGE (e.g. 90m, 12h, 7d, 2w)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list the runs it would remove."),
+):
+    """Remove the records of runs the preflight refused (they started nothing), and with --older-than of old ended
+    runs; checkpoints and models are kept."""
+    from launcher import listing
+
+    listing.prune(older_than, dry_run=dry_run)
+
+
+@command()
 def render(
     spec: Path = SpecArg,
     to: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE",
@@ -196,7 +280,7 @@ def render(
         raise SpecError(f"cannot write {output}: {exc.strerror or exc}") from None
     typer.echo(f"wrote {output}; apply it with: kubectl apply -f {output}")
 
-@app.command("tf-config")
+@command("tf-config")
 def tf_config(
     spec: Path = SpecArg,
     task: Optional[int] = typer.Option(None, "--task", help="Task index.", metavar="N"),
@@ -225,7 +309,7 @@ def tf_config(
         configs = [json.loads(p.env["TF_CONFIG"]) for p in plans]
     typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
 
-@app.command()
+@command()
 def schema():
     """Print the JSON Schema of cluster.toml (for editors)."""
     from launcher.spec import ClusterSpec
@@ -259,10 +343,14 @@ def main() -> None:
         names = {cls.__name__ for cls in type(exc).__mro__}
         if "ClickException" in names:
             code = 2
-            try:
-                exc.show()
-            except OSError:
-                pass
+            said = _unknown_option(exc)
+            if said:
+                _error(said)
+            else:
+                try:
+                    exc.show()
+                except OSError:
+                    pass
         elif "Abort" in names:
             code = 130
             _error(interrupts.reason())
@@ -275,6 +363,38 @@ def main() -> None:
     if code == 0 and _said:
         _say(_said[0])
     _exit(code)
+
+
+def _unknown_option(exc) -> str | None:
+    """An option that `up` or `check` does not have: most often the training's own, which go after -- (one
+    paragraph that shows the command line that works)."""
+    import difflib
+
+    ctx, name = getattr(exc, "ctx", None), getattr(exc, "option_name", None)
+    command_name = ctx.info_name if ctx is not None else None
+    if type(exc).__name__ != "NoSuchOption" or command_name not in ("up", "check") or not name:
+        return None
+    mine = [o for p in ctx.command.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
+            if o.startswith("-") and not getattr(p, "hidden", False)]
+    close = difflib.get_close_matches(name, mine, n=1, cutoff=0.8)
+    words = sys.argv[1:]
+    at = words.index(command_name) + 1 if command_name in words else 1
+    head, rest = words[at:], []
+    for i, word in enumerate(head):
+        if word == name or word.startswith(name + "="):
+            head, rest = head[:i], head[i:]
+            break
+    flags = {o for p in ctx.command.params if getattr(p, "is_flag", False) for o in getattr(p, "opts", ())}
+    keep = [w for w in rest if w in flags and w != "--"]
+    training = [w for w in rest if w not in flags and w != "--"]
+    spec = next((w for w in head if not w.startswith("-")), "SPEC")
+    line = " ".join(["mgpu-cluster up", *([spec] if command_name == "check" else head + keep), "--", *training])
+    mean = f" (did you mean {close[0]}?)" if close else ""
+    if command_name == "check":
+        return (f"check has no option {name}{mean}. check starts no training, so it takes no training arguments; "
+                f"they go to up, after --: {line}")
+    return (f"up has no option {name}{mean}. The training's own arguments go after --, where up passes them on "
+            f"untouched: {line}")
 
 
 def _error(message: str) -> None:

@@ -1,4 +1,5 @@
-"""The runs recorded on this machine: `mgpu-cluster ls`, and which run a command without a run id means.
+"""The runs recorded on this machine: `mgpu-cluster ls`, `rm` and `prune`, and which run a command without a
+run id means.
 
 A command given no run id acts on the newest run that did not end in its preflight: a refused `up` (a port
 taken, a host down) started nothing, so it never hides the run that trains. Reading only: a damaged
@@ -9,17 +10,21 @@ from __future__ import annotations
 
 import enum
 import os
+import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
-from launcher.errors import RunCorrupt, RunNotFound
-from launcher.home import RUN_ID, runs_dir
+from launcher.errors import RunCorrupt, RunNotFound, SpecError
+from launcher.home import RUN_ID, run_folder, runs_dir
 from launcher.run import record
+from launcher.run.lock import Lock
 from launcher.run.failure import FailureKind
 from launcher.run.states import RunState
+from worker.host import layout
 
 
 # a run's state as `ls` shows it: the run's own, or what its record says beyond that
@@ -194,3 +199,94 @@ def ls(as_json: bool = False) -> None:
         out.show(table(found))
     else:
         print(plain(found), flush=True)
+
+
+AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])\Z")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def age_s(text: str) -> float:
+    found = AGE.match(text.strip())
+    if not found:
+        raise SpecError(f"--older-than {text!r}: give an age as a number and a unit, s, m, h, d or w (90m, 12h, 7d).")
+    return float(found[1]) * UNIT_S[found[2]]
+
+
+def _erase(run_id: str) -> str:
+    """Remove a run's record, under its lock; a local host's checkpoint and model (beside the task folders in
+    the run's folder) stay. What was kept, in words ('' for nothing)."""
+    folder = run_folder(run_id)
+    lock = Lock(folder / "run.lock")
+    if not lock.acquire():
+        raise SpecError(f"run {run_id} is in use (its launcher or a 'status' or 'down' holds it); nothing was removed. "
+                        "Try again once it has ended.")
+    try:
+        local = layout.local_run_root(folder)
+        kept = sorted(e.name for e in local.iterdir() if layout.task_index(e.name) is None) if local.is_dir() else []
+        for entry in folder.iterdir():
+            if entry.name == "run.lock" or (kept and entry.name == layout.LOCAL_HOSTS[0]):
+                continue
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        for entry in local.iterdir() if kept else ():
+            if entry.name not in kept:
+                shutil.rmtree(entry)
+    finally:
+        lock.release()
+    if kept:
+        return f"kept {', '.join(kept)} in {local}"
+    (folder / "run.lock").unlink(missing_ok=True)
+    folder.rmdir()
+    return ""
+
+
+def _refusal(run_id: str) -> str | None:
+    """Why a run's record may not be removed now: it has not ended (a damaged record may go)."""
+    try:
+        run = record.load(run_id)
+    except RunCorrupt:
+        return None
+    if run.ended:
+        return None
+    if record.launcher_alive(run):
+        return f"run {run_id} is {run.state} (its launcher, pid {run.agent_pid}, runs): stop it first with 'mgpu-cluster down {run_id}'"
+    return (f"run {run_id} has no recorded end and its launcher is gone: 'mgpu-cluster status {run_id}' asks its "
+            f"hosts and records it (or 'mgpu-cluster down {run_id}' stops what runs)")
+
+
+def _removed(found: list[str], dry_run: bool = False) -> None:
+    from launcher.run.output import Output
+
+    out = Output(threaded=False)
+    for run_id in found:
+        if dry_run:
+            out.say(f"would remove run {run_id}")
+            continue
+        kept = _erase(run_id)
+        out.say(f"removed run {run_id}" + (f" ({kept}: remove that folder yourself when done)" if kept else ""))
+    if not found:
+        out.say("nothing to remove")
+
+
+def remove(run_ids_given: list[str]) -> None:
+    """`mgpu-cluster rm RUN...`: every named run's record, once each has ended; nothing is removed when one is
+    unknown or live."""
+    wanted = list(dict.fromkeys(run_ids_given))
+    unknown = [r for r in wanted if not RUN_ID.match(r) or not (run_folder(r) / record.STATE).exists()]
+    if unknown:
+        raise RunNotFound(f"no run {', '.join(unknown)} under {runs_dir()} ('mgpu-cluster ls' lists them); nothing was "
+                          "removed.")
+    refusals = [why for why in map(_refusal, wanted) if why]
+    if refusals:
+        raise SpecError("; ".join(refusals) + ". Nothing was removed.")
+    _removed(wanted)
+
+
+def prune(older_than: str | None, dry_run: bool = False) -> None:
+    """`mgpu-cluster prune`: the runs the preflight refused, and with `older_than` every ended run that
+    started longer ago than that."""
+    limit = age_s(older_than) if older_than is not None else None
+    now = time.time()
+    found = [r.run_id for r in rows() if r.state == Shown.REFUSED or (
+        limit is not None and r.state in _SETTLED - {Shown.DAMAGED} and r.started_at is not None
+        and now - r.started_at > limit) and _refusal(r.run_id) is None]
+    _removed(found, dry_run)

@@ -10,7 +10,7 @@ from launcher.home import run_folder
 from launcher.spec import ClusterSpec, Host
 from launcher.specbase import SECRET
 from worker.host import layout
-from worker.host.env import Backend, endpoint, task_environment
+from worker.host.env import Backend, endpoint, task_environment, visible_devices
 from worker.host.spawn import module_argv
 
 SUPERVISOR = "worker.task.supervised"  # the on-host entry of local and SSH tasks
@@ -21,12 +21,13 @@ class TaskPlan:
     index: int
     host: Host
     python: str
-    cwd: str | None  # None: the login folder (SSH) or the launcher's folder (local)
+    cwd: str | None  # None: the login folder (SSH); a local host without a workdir runs in the spec's folder
     run_dir: str  # the task's folder on its host; relative paths are relative to cwd
     argv: tuple[str, ...]
     env: dict[str, str]
     grace: float = 1.0
     preempt_grace: float = 60.0
+    warm: bool = False  # each attempt forked from the task's fork server (worker.task.forkserver): the run can restart
 
     @property
     def label(self) -> str:
@@ -41,10 +42,17 @@ class TaskPlan:
         it starts the program warm and the attempt on "go" (worker.task.supervised)."""
         extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
         extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
-        extra += ["--standby"] if standby else []
+        extra += ["--warm"] if self.warm else []
+        extra += ["--standby"] if standby and self.warm else []
         return ["--run-dir", self.run_dir, "--attempt", str(attempt), "--port", str(self.host.port),
                 "--grace", f"{self.grace:g}", "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra,
                 "--", *self.argv]
+
+
+def warm(spec: ClusterSpec) -> bool:
+    """Whether tasks start from fork servers and keep standbys: only where the run can restart."""
+    launch = spec.launch
+    return launch.standby and (launch.max_restarts > 0 or launch.max_preemptions > 0)
 
 
 def run_root(host: Host, run_id: str) -> str:
@@ -58,12 +66,7 @@ def run_root(host: Host, run_id: str) -> str:
 
 def host_env(host: Host) -> dict[str, str]:
     """What the launcher gives a task of this host besides the contract: its GPUs, and the spec's env."""
-    env = {}
-    if host.gpus == "none":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif isinstance(host.gpus, list):
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
-    return {**env, **(host.env or {})}
+    return {**visible_devices(host.gpus), **(host.env or {})}
 
 
 def cpu_devices(spec: ClusterSpec, gpus_named: bool) -> int | None:
@@ -114,11 +117,11 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
         gpus_named = host.gpus == "all" or bool(isinstance(host.gpus, list) and host.gpus)
         plans.append(TaskPlan(
             index=i, host=host, python=python, run_dir=run_dir,
-            cwd=os.path.expanduser(host.workdir) if host.is_local and host.workdir else host.workdir,
+            cwd=(os.path.expanduser(host.workdir) if host.workdir else spec.folder) if host.is_local else host.workdir,
             argv=worker_argv(spec, python),
             env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i, backend=spec.training.backend,
                                  cpu_devices=cpu_devices(spec, gpus_named)),
-            grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace,
+            grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace, warm=warm(spec),
         ))
     return plans
 

@@ -4,15 +4,19 @@ where a new run starts, from what its preflight found in the checkpoint folders.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+import shlex
 from pathlib import Path
 
 from launcher.engines.base import EngineKind, TaskCheck
 from launcher.errors import PreflightError, RunCorrupt, SpecError
+from launcher.home import ARGS
 from launcher.listing import past_preflight, run_ids
-from launcher.plan import SECRET, run_root
+from launcher.plan import SECRET, plan_tasks, run_root
 from launcher.run import files, record
+from launcher.run.progress import typed
 from launcher.run.states import RunState
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
@@ -140,3 +144,51 @@ def start_point(checks: list[TaskCheck], kind: EngineKind, run_id: str, spec_pat
             where = "" if kind is EngineKind.SLURM else f"{c.plan.host.label} (task {c.plan.index}): "
             raise PreflightError(f"{where}{exc}") from None
     return points[0] if points else StartPoint()
+
+
+def keep_args(run_id: str, args: list[str]) -> None:
+    """The training's arguments given after `up SPEC --`, kept in the run's folder for a later --resume."""
+    from worker.host.files import write_private
+
+    if args:
+        try:
+            write_private(record.run_path(run_id) / ARGS, json.dumps(args))
+        except OSError:
+            pass  # a full MGPU_HOME: the record itself says so; a resume then needs its arguments again
+
+
+def kept_args(run_id: str) -> list[str]:
+    try:
+        found = json.loads(files.read_file(record.run_path(run_id) / ARGS).decode("utf-8"))
+    except (FileNotFoundError, RunCorrupt, ValueError):
+        return []
+    return [str(a) for a in found] if isinstance(found, list) else []
+
+
+def resumed_args(run_id: str, given: list[str]) -> tuple[list[str], str]:
+    """The training's arguments of a run that goes on from run `run_id`: those given after --, else that run's;
+    and a line that says which."""
+    then = kept_args(run_id)
+    if given:
+        was = f" in place of run {run_id}'s ({shlex.join(then)})" if then and then != given else ""
+        return given, f"training arguments: {shlex.join(given)} (given after --{was})"
+    if then:
+        return then, (f"training arguments: {shlex.join(then)}, as run {run_id} had them (arguments after -- "
+                      "replace them)")
+    return [], ""
+
+
+def resume_hint(spec: ClusterSpec, spec_path: Path, run: record.RunRecord) -> str:
+    """For a run stopped or failed with a checkpoint to go on from, the command that resumes it ('' where none
+    shows: a command of your own, no backup in a local host's folder, or no epoch ended on a remote one)."""
+    if spec.training.entrypoint is None or spec.hosts is None or run.state == RunState.SUCCEEDED:
+        return ""
+    saved = False
+    for plan in plan_tasks(spec, run.run_id):  # where each local task keeps its checkpoint, as the runner does
+        if plan.host.is_local:
+            folder = (os.path.expanduser(spec.training.checkpoint_dir) if spec.training.checkpoint_dir
+                      else layout.checkpoint_dir(run_root(plan.host, run.run_id)))
+            saved = saved or look_first([os.path.join(plan.cwd or os.getcwd(), folder)]).backup
+    if not any(h.is_local for h in spec.hosts):  # a remote backup is written at each epoch's end at least
+        saved = any((typed(t.progress).get("epoch") or 0) > 1 for t in run.tasks)
+    return f"go on from its checkpoint with: mgpu-cluster up {spec_path} --resume {run.run_id}" if saved else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from launcher.specbase import (DEVICES_MAX, LOCAL_ADDRESSES, WEEK_S, Count, CpuIndex, Devices, Entrypoint, GpuIndex,
                                Port, Restarts, Seconds, _Model, _no_control, env_names, nul_at)
@@ -157,6 +157,13 @@ class ClusterSpec(_Model):
     training: Training
     launch: Launch = Launch()
     sync: list[str] = []
+    _folder: Optional[str] = PrivateAttr(default=None)  # set by launcher.specfile.load_spec
+
+    @property
+    def folder(self) -> str | None:
+        """The spec file's folder (symlinks resolved): a local host runs there unless its workdir says otherwise,
+        and a relative workdir is relative to it. None for a spec not read from a file."""
+        return self._folder
 
     @model_validator(mode="before")
     @classmethod

@@ -86,8 +86,9 @@ def parse_spec(data: dict, source: str = "<spec>") -> ClusterSpec:
 
 
 def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
-    """The spec in `path`; a local host's relative workdir is relative to `base` (default: the file's
-    folder), so that `logs` or `down` from another folder find the same files."""
+    """The spec in `path`; a local host runs in `base` (default: the file's folder) unless its workdir says
+    otherwise, and a relative workdir is relative to it, so that `check`, `logs` or `down` from another folder
+    find the same files."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -118,4 +119,6 @@ def load_spec(path: str | Path, base: Path | None = None) -> ClusterSpec:
     root = base.resolve() if base else path.resolve().parent  # as the record keeps it (symlinks resolved)
     hosts = [h.model_copy(update={"workdir": str(root / h.workdir)}) if h.is_local and h.workdir
              and not h.workdir.startswith(("/", "~")) else h for h in spec.hosts]
-    return spec.model_copy(update={"hosts": hosts})
+    spec = spec.model_copy(update={"hosts": hosts})
+    spec._folder = str(root)  # one rule for a local host: its default folder, and a relative workdir's base
+    return spec

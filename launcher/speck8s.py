@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import importlib
 import re
-from typing import Annotated, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
 from launcher.specbase import INT32_MAX, SECRET, Devices, Port, _Model, _no_control, env_names
+from worker.host import layout
+from worker.host.env import POD_OWNED
 
 K8sName = re.compile(r"^(?=.{1,63}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")  # a DNS label
 K8sSubdomain = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
@@ -24,8 +27,10 @@ _SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e
 QUANTITY_MAX = {"cpu": (10**6, "1000000 cores"), "memory": (2**60, "1Ei bytes"), "shm": (2**60, "1Ei bytes")}
 ANNOTATIONS_MAX = 256 * 1024  # bytes of all of an object's annotations, keys and values
 OWN_LABELS = "mgpu-cluster/"  # the prefix of the labels mgpu-cluster sets itself (mgpu-cluster/run)
-# set by Kubernetes (the Job's index); the pod entry's own, from it, are worker.host.env's OWNED (specbase.env_names)
-K8S_OWN_ENV = ("JOB_COMPLETION_INDEX",)
+# the resources a key of its own sets (cpu, memory, gpus_per_worker), refused in `resources`
+OWN_RESOURCES = {"cpu": "cpu", "memory": "memory", "nvidia.com/gpu": "gpus_per_worker"}
+RUNS_VOLUME, SHM_VOLUME = "runs", "shm"  # the volumes of volume_claim and shm
+VOLUME_SOURCES = ("claim", "host_path", "empty_dir", "nfs", "config_map", "secret")
 # [launch] keys that mean nothing to a JobSet, and why
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
@@ -94,6 +99,96 @@ def label_value(value: str, where: str) -> str:
     return value
 
 
+_ENUM = "Possible enum values:"  # Kubernetes' fields: - `"Never"` ...
+_VALID = re.compile(r"Valid values are ([A-Za-z, ]+)\.")  # JobSet's: Valid values are A, B, C.
+_PATTERN = re.compile(r'must match the regular expression "(\^[^"]+\x24)"')  # a searched text: \x24 is "$"
+
+
+def _diff(a, b, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+    if a is not None and b is None:
+        return [f"{path.lstrip('.')}: not a field the model knows"]
+    return [] if a == b else [f"{path.lstrip('.')}: {a!r} became {b!r}"]
+
+
+def _allowed(description: str | None) -> list[str] | None:
+    if description and _ENUM in description:
+        return re.findall(r'`"([^"`]+)"`', description.split(_ENUM, 1)[1])
+    found = _VALID.search(description or "")
+    return [v.strip().removeprefix("and ").strip() for v in found.group(1).split(",")] if found else None
+
+
+def _values(model, path: str = "") -> list[str]:
+    """Strings of `model` (walked whole) that its fields' descriptions do not allow."""
+    from pydantic import BaseModel
+
+    problems = []
+    for name, field in type(model).model_fields.items():
+        value, where = getattr(model, name), f"{path}.{field.alias or name}"
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            at = f"{where}[{i}]" if isinstance(value, list) else where
+            if isinstance(item, BaseModel):
+                problems += _values(item, at)
+            elif isinstance(item, str):
+                allowed, pattern = _allowed(field.description), _PATTERN.search(field.description or "")
+                if allowed and item not in allowed:
+                    problems.append(f"{at.lstrip('.')}: {item!r} is not one of {', '.join(allowed)}")
+                elif pattern and not re.fullmatch(pattern.group(1), item):
+                    problems.append(f"{at.lstrip('.')}: {item!r} does not match {pattern.group(1)}")
+    return problems
+
+
+def model_problems(model: type, data: Any) -> list[str]:
+    """What the published model `model` (kubeflow-trainer-api's pydantic models of JobSet and Kubernetes) does
+    not take of `data`, an object as Kubernetes spells it: a field it does not know (dropped by the round
+    trip), a value of the wrong type, a string outside the values or pattern its description lists."""
+    try:
+        found = model.from_dict(data)
+    except ValueError as exc:  # pydantic's ValidationError
+        errors = exc.errors() if hasattr(exc, "errors") else []
+        return [f"{'.'.join(map(str, e['loc'])) or '(the object)'}: {e['msg']}" for e in errors] or [str(exc)]
+    return _diff(data, found.to_dict()) + _values(found)
+
+
+def core_model(name: str) -> type | None:
+    """Kubernetes' model io.k8s.api.core.v1.<name> (e.g. "Affinity"), or None where the [kubernetes] extra is
+    not installed (then `render` says so, and checks the whole manifest)."""
+    module = "io_k8s_api_core_v1_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    try:
+        return getattr(importlib.import_module(f"kubeflow_trainer_api.models.{module}"), f"IoK8sApiCoreV1{name}")
+    except ImportError:
+        return None
+
+
+def as_kubernetes(value: Any, name: str) -> Any:
+    """A table (or a list of them) passed through to the manifest, checked against Kubernetes' own model."""
+    model = core_model(name)
+    for i, item in enumerate(value if isinstance(value, list) else [value]):
+        where = f"[{i}] " if isinstance(value, list) else ""
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}must be a table, as Kubernetes spells a {name} (its camelCase keys)")
+        problems = model_problems(model, item) if model else []
+        if problems:
+            raise ValueError(f"{where}not a Kubernetes {name} (an unknown key, a wrong type or value; its keys are "
+                             "Kubernetes' camelCase ones): " + "; ".join(problems))
+    return value
+
+
+def _absolute(value: str, what: str) -> str:
+    if not value.startswith("/") or not _no_control(value) or value != value.strip():
+        raise ValueError(f"{value!r} is not {what}: an absolute path, one line")
+    return value
+
+
+def _not_pods(name: str) -> None:
+    if name in POD_OWNED:
+        raise ValueError(f"{name}: set in each pod by {POD_OWNED[name]}; leave it out")
+
+
 class TolerationOperator(str, enum.Enum):
     EQUAL = "Equal"
     EXISTS = "Exists"
@@ -156,6 +251,100 @@ class SecretKey(_Model):
         return value
 
 
+class Nfs(_Model):
+    """An NFS export: { server = "nfs.example.com", path = "/datasets" }."""
+
+    server: str
+    path: str
+
+    _path = field_validator("path")(classmethod(lambda cls, v: _absolute(v, "an NFS export")))
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, value):
+        if not value.strip() or not _no_control(value) or " " in value:
+            raise ValueError(f"{value!r} is not a server name or address")
+        return value
+
+
+class Volume(_Model):
+    """A volume mounted in every pod besides the run folder's claim: a data set, a node's local SSD. Exactly
+    one source: claim, host_path, empty_dir, nfs, config_map or secret."""
+
+    name: str
+    mount: str  # where in the container
+    read_only: bool = False
+    sub_path: Optional[str] = None  # a folder of the volume mounted instead of its root
+    claim: Optional[str] = None  # a PersistentVolumeClaim (a data set)
+    host_path: Optional[str] = None  # a folder of the node (a local NVMe SSD)
+    empty_dir: Union[bool, str, None] = None  # scratch on the node's disk for the pod's life: true, or its size
+    nfs: Optional[Nfs] = None
+    config_map: Optional[str] = None
+    secret: Optional[str] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value):
+        if not K8sName.match(value):
+            raise ValueError(f"{value!r} is not a volume name (a DNS label: at most 63 lower-case letters, digits "
+                             "and '-')")
+        if value in (RUNS_VOLUME, SHM_VOLUME):
+            raise ValueError(f"{value!r} is the name of mgpu-cluster's own volume (volume_claim, shm): pick another")
+        return value
+
+    _mount = field_validator("mount")(classmethod(lambda cls, v: _absolute(v, "a mount path")))
+    _host = field_validator("host_path")(
+        classmethod(lambda cls, v: v if v is None else _absolute(v, "a node's folder")))
+
+    @field_validator("sub_path")
+    @classmethod
+    def _sub_path(cls, value):
+        if value is not None and (value.startswith("/") or ".." in value.split("/") or not _no_control(value)):
+            raise ValueError(f"{value!r} is not a folder inside the volume (relative, no '..')")
+        return value
+
+    @field_validator("claim", "config_map", "secret")
+    @classmethod
+    def _object(cls, value, info):
+        what = {"claim": "a PersistentVolumeClaim", "config_map": "a ConfigMap", "secret": "a Secret"}[info.field_name]
+        return value if value is None else _object_name(value, what)
+
+    @field_validator("empty_dir")
+    @classmethod
+    def _size(cls, value):
+        return _quantity(value, "memory") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [k for k in VOLUME_SOURCES if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"volume {self.name!r}: give exactly one source of {', '.join(VOLUME_SOURCES)} "
+                             f"({', '.join(given) or 'none'} given)")
+        return self
+
+    def source(self) -> dict:
+        """The volume's source as Kubernetes spells it."""
+        if self.claim:
+            read_only = {"readOnly": True} if self.read_only else {}
+            return {"persistentVolumeClaim": {"claimName": self.claim, **read_only}}
+        if self.host_path:
+            return {"hostPath": {"path": self.host_path, "type": "Directory"}}
+        if self.empty_dir is not None:
+            return {"emptyDir": {"sizeLimit": self.empty_dir} if isinstance(self.empty_dir, str) else {}}
+        if self.nfs:
+            return {"nfs": {"server": self.nfs.server, "path": self.nfs.path,
+                            **({"readOnly": True} if self.read_only else {})}}
+        if self.config_map:
+            return {"configMap": {"name": self.config_map}}
+        return {"secret": {"secretName": self.secret}}
+
+    def mounted(self) -> dict:
+        """The container's volumeMount of this volume."""
+        extra = {"readOnly": True} if self.read_only else {}
+        extra.update({"subPath": self.sub_path} if self.sub_path else {})
+        return {"name": self.name, "mountPath": self.mount, **extra}
+
+
 class Kubernetes(_Model):
     """A Kubernetes cluster: a JobSet of `workers` pods, rendered by `mgpu-cluster render`."""
 
@@ -181,6 +370,11 @@ class Kubernetes(_Model):
     priority_class: Optional[str] = None
     labels: Optional[dict[str, str]] = None  # on the JobSet and on each pod
     annotations: Optional[dict[str, str]] = None  # on the JobSet and on each pod
+    volumes: Optional[list[Volume]] = None  # mounted in every pod besides volume_claim
+    resources: Optional[dict[str, Union[int, str]]] = None  # more resources of each pod, e.g. rdma/hca = 1
+    host_network: bool = False  # the pods use their nodes' network (RDMA, no overlay): one pod per node
+    affinity: Optional[dict[str, Any]] = None  # a Kubernetes Affinity, as Kubernetes spells it
+    topology_spread_constraints: Optional[list[dict[str, Any]]] = None  # Kubernetes' TopologySpreadConstraints
 
     @field_validator("name")
     @classmethod
@@ -235,9 +429,7 @@ class Kubernetes(_Model):
     @classmethod
     def _env(cls, env):
         for name in env_names(env) or {}:
-            if name in K8S_OWN_ENV:
-                raise ValueError(f"{name}: set in each pod by Kubernetes (the Job's index); leave it "
-                                 "out")
+            _not_pods(name)
             if SECRET.search(name):
                 raise ValueError(f"{name}: a name that looks secret; its value would be written in clear into the "
                                  "manifest (and the cluster's etcd). Put it in a Kubernetes Secret ('kubectl create "
@@ -248,9 +440,37 @@ class Kubernetes(_Model):
     @field_validator("secret_env")
     @classmethod
     def _secret_env(cls, env):
-        for name in sorted(set(env_names(env) or ()) & set(K8S_OWN_ENV)):
-            raise ValueError(f"{name}: set in each pod by Kubernetes (the Job's index); leave it out")
+        for name in env_names(env) or ():
+            _not_pods(name)
         return env
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value):
+        for key, amount in (value or {}).items():
+            qualified_name(key, "a resource")
+            if key in OWN_RESOURCES:
+                raise ValueError(f"{key}: set with the key {OWN_RESOURCES[key]} (it counts the pod's replicas or "
+                                 "its limits)")
+            whole = "/" in key and not key.split("/")[0].endswith("kubernetes.io")  # an extended resource
+            if isinstance(amount, int) and not 1 <= amount <= 2**62:
+                raise ValueError(f"{key}: {amount}: give a count of at least 1 (leave out a resource the pods do "
+                                 "not need)")
+            if isinstance(amount, str):
+                _quantity(amount, "memory")
+                if whole and not re.fullmatch(r"[0-9]+", amount):
+                    raise ValueError(f"{key}: {amount!r}: a device (an extended resource) is counted in whole units")
+        return value
+
+    @field_validator("affinity")
+    @classmethod
+    def _affinity(cls, value):
+        return value if value is None else as_kubernetes(value, "Affinity")
+
+    @field_validator("topology_spread_constraints")
+    @classmethod
+    def _spread(cls, value):
+        return value if value is None else as_kubernetes(value, "TopologySpreadConstraint")
 
     @field_validator("labels", "node_selector")
     @classmethod
@@ -276,6 +496,18 @@ class Kubernetes(_Model):
         both = sorted(set(self.env or {}) & set(self.secret_env or {}))
         if both:
             raise ValueError(f"env and secret_env both set {', '.join(both)}: keep one")
+        own = {RUNS_VOLUME: layout.mgpu_dir(self.workdir)} if self.volume_claim else {}
+        own.update({SHM_VOLUME: "/dev/shm"} if self.shm is not False else {})
+        names, mounts = set(), {path: f"{key} (volume_claim)" if key == RUNS_VOLUME else f"{key} (shm)"
+                                for key, path in own.items()}
+        for volume in self.volumes or ():
+            if volume.name in names:
+                raise ValueError(f"volumes: two volumes named {volume.name!r}: give each its own name")
+            if volume.mount.rstrip("/") in mounts:
+                raise ValueError(f"volumes: {volume.name!r} and {mounts[volume.mount.rstrip('/')]} both mount at "
+                                 f"{volume.mount}: give each its own path")
+            names.add(volume.name)
+            mounts[volume.mount.rstrip("/") or "/"] = repr(volume.name)
         room = name_room(self.workers)
         if self.name is not None and len(self.name) > room:
             raise ValueError(f"name {self.name!r} is too long for the names of its pods (the last, "

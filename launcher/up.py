@@ -14,7 +14,7 @@ from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.run.phases import restarts_words
-from launcher.resume import resumed, start_point
+from launcher.resume import keep_args, resume_hint, resumed, resumed_args, start_point
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, refused, summary
@@ -48,6 +48,10 @@ def check(spec_path: Path) -> None:
     spec = load_spec(spec_path)
     engine = launching(spec_path, engine_for(spec, "check"))
     out = Output(threaded=False)
+    remote = [h.label for h in spec.hosts or [] if not h.is_local]
+    if spec.sync and remote:
+        out.say(f"copying the sync files ({', '.join(spec.sync)}) to the workdir of {', '.join(dict.fromkeys(remote))}, "
+                "creating it where missing, as up does; check starts no training")
     try:
         checks = engine.preflight(Path(spec_path).parent, out.say)
         out.show(checks_table(checks))
@@ -65,28 +69,33 @@ def with_args(spec: ClusterSpec, args: list[str]) -> ClusterSpec:
 def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool = False, verbose: bool = False,
        run_id: str | None = None, resume: str | None = None, args: list[str] | None = None) -> None:
     """`resume`: the run to go on from ('': the newest of this spec); `args`: more arguments for the training."""
-    spec, resuming = load_spec(spec_path), None
+    spec, resuming, told = load_spec(spec_path), None, ""
+    given = list(args or [])
     if resume is not None:
         spec, resuming, resume = resumed(spec, spec_path, resume)
+        args, told = resumed_args(resume, given)
     spec = with_args(spec, args or [])
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
     planned = engine_for(spec, run_id)
     if dry_run:
         out = Output(threaded=False)
-        if resuming:
-            out.say(resuming)
+        for line in (resuming, told):
+            if line:
+                out.say(line)
         return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
     launching(spec_path, planned)
     if detach:
         from launcher.run.detach import start_detached
 
-        return start_detached(spec_path, run_id, len(planned.plans), verbose, resume=resume, args=args or [])
+        return start_detached(spec_path, run_id, len(planned.plans), verbose, resume=resume, args=given)
     owner = record.Owner.create(run_id, spec_path, planned.plans, detached=background)
     planned.close()
+    keep_args(run_id, args or [])
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
-    if resuming:
-        out.say(resuming)
+    for line in (resuming, told):
+        if line:
+            out.say(line)
     run_recorded(spec, spec_path, owner, out)
 
 
@@ -125,8 +134,11 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         if isinstance(exc, KeyboardInterrupt):  # (a run that succeeded just before keeps its record)
             raise Interrupted(run.failure.message if run.failure else interrupts.reason()) from None
         raise
-    except (RunFailed, Interrupted):
+    except (RunFailed, Interrupted) as exc:
         tell_end(out, run)
+        hint = resume_hint(spec, spec_path, run) if isinstance(exc, Interrupted) else ""
+        if hint:
+            raise Interrupted(f"{str(exc).rstrip('.')}; {hint}") from None
         raise
     finally:
         with interrupts.shield():

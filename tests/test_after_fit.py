@@ -85,6 +85,7 @@ def worker(tmp_path: Path, run: str, checkpoints: Path, *more: str) -> subproces
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.cluster  # three real trainings
 def test_a_restart_of_a_finished_run_trains_nothing_and_another_run_is_refused_unless_asked(tmp_path):
     checkpoints = tmp_path / "checkpoint"
     first = worker(tmp_path, "run-a", checkpoints)

@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 from conftest import write_spec
 
-COMMANDS = ["check", "up", "ls", "status", "logs", "stacks", "report", "dashboard", "down", "render", "tf-config", "schema"]
+COMMANDS = ["check", "up", "ls", "status", "logs", "stacks", "report", "dashboard", "down", "rm", "prune", "render", "tf-config", "schema"]
 
 
 def help_of(*args) -> str:

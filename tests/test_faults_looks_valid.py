@@ -88,10 +88,10 @@ def test_no_validating_pattern_ends_in_a_dollar():
     from launcher import home, specbase, speck8s, specsched
     from launcher.engines.slurm import script
     from worker.host import layout, modules
-    from worker.task import standby
+    from worker.task import program
 
     found = {f"{m.__name__}.{name}": p.pattern for m in (home, specbase, speck8s, specsched, script, layout, modules,
-                                                          standby)
+                                                          program)
              for name, p in vars(m).items() if isinstance(p, re.Pattern)}
     assert len(found) >= 17, found
     assert not {name: p for name, p in found.items() if "$" in p}, found

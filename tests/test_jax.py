@@ -186,7 +186,10 @@ def test_a_group_restart_resumes_after_the_last_saved_epoch(cli, tmp_path):
         assert epochs_shown(out, i) == list(range(1, 6)), f"task {i} trained an epoch twice or skipped one"
     snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["attempt"] == 1
+    assert all(t["warm"] for t in snap["tasks"]), snap["tasks"]  # forked from its fork server (Keras 3, JAX imported)
     assert [progress(t)["first_epoch"] for t in snap["tasks"]] == [resumed[0]] * 2
+    ends = [progress(t)["metrics"] for t in snap["tasks"]]
+    assert ends[0] and ends[0] == ends[1], ends  # one model: the same weights, the same figures on both
     assert not (tmp_path / "checkpoint" / "keras3").exists()  # the chief's backup, removed at a finished fit
 
 

@@ -224,6 +224,37 @@ def test_the_pod_entry_builds_tf_config_from_its_index_and_the_specs_env_stands(
     assert bad.returncode == 2 and "JOB_COMPLETION_INDEX" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_a_worker_py_in_the_workdir_does_not_stand_in_for_our_package(tmp_path):
+    """The rendered command and env, run in the container's workingDir where the user's code has a worker.py:
+    the pod entry (PYTHONSAFEPATH=1) and, with --safe-path, our runner are ours (the worker.py never runs); a
+    program of the spec's own gets Python's usual sys.path (it imports its neighbour) and no PYTHONSAFEPATH."""
+    work, shadowed = tmp_path / "workspace", tmp_path / "shadowed"
+    work.mkdir()
+    (work / "worker.py").write_text(f"open({str(shadowed)!r}, 'w').write('ran'); raise SystemExit(3)\n")
+    (work / "helper.py").write_text("WHERE = 'beside train.py'\n")
+    (work / "train.py").write_text("import json, os, helper\n"
+                                   "print(json.dumps([helper.WHERE, os.environ.get('PYTHONSAFEPATH')]))\n")
+
+    def pod(training: dict) -> tuple[list[str], dict]:
+        spec = parse_spec({"kubernetes": {"image": "x", "workers": 1, "python": PY, "port": free_port(),
+                                          "name": f"safe-{secrets.token_hex(4)}", "workdir": str(work)},
+                           "training": training})
+        container = _job(yaml.safe_load(render(spec)))["template"]["spec"]["containers"][0]
+        assert container["workingDir"] == str(work)
+        env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, "JOB_COMPLETION_INDEX": "0"}
+        return container["command"], env
+
+    command, env = pod({"command": [PY, "train.py"]})
+    r = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not shadowed.exists(), r.stdout + r.stderr
+    assert json.loads([line for line in r.stdout.splitlines() if line.startswith("[")][-1]) == ["beside train.py", None]
+    command, env = pod({"entrypoint": "train:task"})
+    command = command[:command.index("--entrypoint")] + ["--help"]  # our runner as rendered, told only to say how
+    assert "--safe-path" in command and command[command.index("--") + 1:] == [PY, "-m", "worker", "--help"]
+    r = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "usage: python -m worker" in r.stdout and not shadowed.exists(), r.stdout + r.stderr
+
+
 @pytest.fixture(scope="module")
 def pods_hosts(tmp_path_factory):
     if os.geteuid() != 0 and not IN_CI:

@@ -70,6 +70,7 @@ def test_the_docs_gpu_node_pool_renders_each_key_as_kubernetes_spells_it(cli, tm
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
     assert volumes["runs"]["persistentVolumeClaim"] == {"claimName": "mgpu-runs"}
     assert container["env"] == [
+        {"name": "PYTHONSAFEPATH", "value": "1"},  # the pod entry's guard (test_kubernetes: a worker.py in workdir)
         {"name": "NCCL_DEBUG", "value": "WARN"},
         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}]
 
@@ -164,6 +165,35 @@ def test_shm_is_a_memory_volume_at_dev_shm(shm, volume):
     ({"env": {"A": "1"}, "secret_env": {"A": {"secret": "w", "key": "k"}}}, "env and secret_env both set A"),
     ({"shm": "64GB"}, "kubernetes.shm: '64GB' is not a Kubernetes quantity"),
     ({"shm": "2Ei"}, "kubernetes.shm: .* more than any pod gets"),
+    ({"env": {"PYTHONSAFEPATH": "1"}}, "kubernetes.env: PYTHONSAFEPATH: set in each pod by the rendered JobSet"),
+    ({"env": {"JOB_COMPLETION_INDEX": "1"}}, "kubernetes.env: JOB_COMPLETION_INDEX: set in each pod by Kubernetes"),
+    ({"volumes": [{"name": "data", "mount": "/data"}]}, r"volumes\[0\]: volume 'data': give exactly one source .*none"),
+    ({"volumes": [{"name": "data", "mount": "/data", "claim": "a", "host_path": "/x"}]}, "claim, host_path given"),
+    ({"volumes": [{"name": "shm", "mount": "/data", "claim": "a"}]}, r"volumes\[0\]\.name: 'shm' is the name of"),
+    ({"volumes": [{"name": "Data", "mount": "/data", "claim": "a"}]}, r"volumes\[0\]\.name: 'Data' is not a volume"),
+    ({"volumes": [{"name": "d", "mount": "data", "claim": "a"}]}, r"volumes\[0\]\.mount: 'data' is not a mount path"),
+    ({"volumes": [{"name": "d", "mount": "/workspace/.mgpu/", "claim": "a"}]},
+     "'d' and runs \\(volume_claim\\) both mount at /workspace/.mgpu/"),
+    ({"volumes": [{"name": "d", "mount": "/a", "claim": "a"}, {"name": "d", "mount": "/b", "claim": "b"}]},
+     "two volumes named 'd'"),
+    ({"volumes": [{"name": "d", "mount": "/a", "claim": "a"}, {"name": "e", "mount": "/a", "claim": "b"}]},
+     "'e' and 'd' both mount at /a"),
+    ({"volumes": [{"name": "d", "mount": "/a", "claim": "a", "mountPath": "/x"}]}, r"mountPath: unknown key"),
+    ({"volumes": [{"name": "d", "mount": "/a", "sub_path": "../etc", "claim": "a"}]}, "not a folder inside"),
+    ({"volumes": [{"name": "d", "mount": "/a", "empty_dir": "10GB"}]}, "'10GB' is not a Kubernetes quantity"),
+    ({"volumes": [{"name": "d", "mount": "/a", "nfs": {"server": "nfs", "path": "data"}}]},
+     r"nfs\.path: 'data' is not an NFS export"),
+    ({"resources": {"nvidia.com/gpu": 1}}, "nvidia.com/gpu: set with the key gpus_per_worker"),
+    ({"resources": {"memory": "1Gi"}}, "memory: set with the key memory"),
+    ({"resources": {"rdma/hca": "0.5"}}, "rdma/hca: '0.5': a device .* whole units"),
+    ({"resources": {"rdma/hca": 0}}, "rdma/hca: 0: give a count of at least 1"),
+    ({"resources": {"rdma hca": 1}}, "'rdma hca' is not a resource key"),
+    ({"affinity": {"nodeAfinity": {}}}, "kubernetes.affinity: not a Kubernetes Affinity .* nodeAfinity: not a field"),
+    ({"topology_spread_constraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "Never"}]},
+     r"topology_spread_constraints: \[0\] not a Kubernetes TopologySpreadConstraint .* whenUnsatisfiable"),
+    ({"topology_spread_constraints": [{"maxSkew": "one", "topologyKey": "k", "whenUnsatisfiable": "ScheduleAnyway"}]},
+     "maxSkew: Input should be a valid integer"),
+    ({"hostNetwork": True}, r"kubernetes\.hostNetwork: unknown key \(did you mean 'host_network'"),
 ])
 def test_what_kubernetes_would_refuse_is_refused_by_key(k8s, named):
     base = {"image": "x", "workers": 10, "volume_claim": "runs"}
@@ -216,3 +246,73 @@ def test_a_value_from_a_secret_reaches_the_training_and_no_file_of_the_run(tmp_p
     files = [p for p in run.rglob("*") if p.is_file()]
     assert any(p.name.startswith("events-") for p in files), files  # the core ran and recorded
     assert not [p for p in files if value.encode() in p.read_bytes()]
+
+
+GPU_POOL = {
+    "image": "x", "workers": 4, "name": "rdma", "gpus_per_worker": 8, "volume_claim": "runs", "shm": "64Gi",
+    "host_network": True, "resources": {"rdma/hca": 1, "hugepages-2Mi": "2Gi"},
+    "volumes": [{"name": "imagenet", "mount": "/data", "claim": "imagenet", "read_only": True},
+                {"name": "nvme", "mount": "/scratch", "host_path": "/mnt/nvme0"},
+                {"name": "cache", "mount": "/cache", "empty_dir": "100Gi"},
+                {"name": "corpus", "mount": "/corpus", "nfs": {"server": "10.0.0.2", "path": "/export"},
+                 "read_only": True, "sub_path": "v2"},
+                {"name": "config", "mount": "/etc/train", "config_map": "train-config"},
+                {"name": "keys", "mount": "/etc/keys", "secret": "gcs-key", "read_only": True}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "In",
+                               "values": ["nvidia-h100-80gb"]}]}]}},
+                 "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                     {"labelSelector": {"matchLabels": {"mgpu-cluster/run": "rdma"}},
+                      "topologyKey": "kubernetes.io/hostname"}]}},
+    "topology_spread_constraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                     "whenUnsatisfiable": "ScheduleAnyway",
+                                     "labelSelector": {"matchLabels": {"mgpu-cluster/run": "rdma"}}}]}
+
+
+def test_a_gpu_node_pool_gets_its_volumes_network_placement_and_devices():
+    """Volumes beside the run folder's claim, the node's network (with the DNS policy that keeps the JobSet's
+    host names), affinity and spread as Kubernetes' own objects, devices besides GPUs: each as Kubernetes
+    spells it, requests equal to limits, and the whole JobSet taken unchanged by the models."""
+    spec = parse_spec({"kubernetes": GPU_POOL, "training": DIGITS})
+    pod = pod_template(validate(yaml.safe_load(render(spec))))["spec"]
+    container = pod["containers"][0]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["affinity"] == GPU_POOL["affinity"]
+    assert pod["topologySpreadConstraints"] == GPU_POOL["topology_spread_constraints"]
+    limits = {"nvidia.com/gpu": "8", "rdma/hca": "1", "hugepages-2Mi": "2Gi"}
+    assert container["resources"] == {"requests": limits, "limits": limits}
+    assert [v["name"] for v in pod["volumes"]] == [m["name"] for m in container["volumeMounts"]] == [
+        "runs", "shm", "imagenet", "nvme", "cache", "corpus", "config", "keys"]
+    volumes = {v.pop("name"): v for v in pod["volumes"]}
+    assert volumes["imagenet"] == {"persistentVolumeClaim": {"claimName": "imagenet", "readOnly": True}}
+    assert volumes["nvme"] == {"hostPath": {"path": "/mnt/nvme0", "type": "Directory"}}
+    assert volumes["cache"] == {"emptyDir": {"sizeLimit": "100Gi"}}
+    assert volumes["corpus"] == {"nfs": {"server": "10.0.0.2", "path": "/export", "readOnly": True}}
+    assert volumes["config"] == {"configMap": {"name": "train-config"}}
+    assert volumes["keys"] == {"secret": {"secretName": "gcs-key"}}
+    mounts = {m.pop("name"): m for m in container["volumeMounts"]}
+    assert mounts["imagenet"] == {"mountPath": "/data", "readOnly": True}
+    assert mounts["corpus"] == {"mountPath": "/corpus", "readOnly": True, "subPath": "v2"}
+    assert mounts["nvme"] == {"mountPath": "/scratch"}
+    plain = pod_template(manifest_of({"image": "x", "workers": 1}))["spec"]
+    assert not {"hostNetwork", "dnsPolicy", "affinity", "topologySpreadConstraints", "volumes"} & set(plain)
+
+
+def manifest_of(k8s: dict, training: dict = DIGITS) -> dict:
+    return validate(yaml.safe_load(render(parse_spec({"kubernetes": k8s, "training": training}))))
+
+
+@pytest.mark.parametrize("training, program", [
+    (DIGITS, [PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task"]),
+    ({"command": [PY, "train.py"]}, [PY, "train.py"])])
+def test_the_pods_command_reads_as_python_dash_m_and_our_runner_keeps_the_guard(training, program):
+    """No opaque `-c "import runpy..."` in the manifest: `python -m worker.task.pod ... -- PROGRAM`, the guard
+    against a worker.py in workdir being PYTHONSAFEPATH=1 in the env; our runner keeps it (--safe-path), a
+    program of the spec's own does not (its script's folder first on sys.path, as Python does)."""
+    m = manifest_of({"image": "x", "workers": 2, "python": PY, "volume_claim": "runs"}, training)
+    container = pod_template(m)["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:3] == [PY, "-m", "worker.task.pod"] and "runpy" not in json.dumps(m)
+    assert command[command.index("--") + 1:] == program
+    assert ("--safe-path" in command) == ("command" not in training)
+    assert {"name": "PYTHONSAFEPATH", "value": "1"} in container["env"]

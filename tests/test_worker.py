@@ -195,18 +195,22 @@ def test_importing_worker_does_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
-@pytest.mark.parametrize("root_first", [False, True], ids=["tf-handler", "root-configured-first"])
-def test_a_tensorflow_warning_is_printed_once_after_absl_configured_logging(root_first):
+@pytest.mark.cluster  # two TensorFlow imports: about 15 s of the quick tier's 60
+def test_a_tensorflow_warning_is_printed_once_after_absl_configured_logging():
     """TensorFlow's own handler and the root logger's, which absl sets up at its first log call (the first
     checkpoint's save), printed each of its warnings twice in worker.log; a root logger the program
-    configured before TensorFlow still shows them."""
-    code = ("import logging, sys\n"
-            + ("logging.basicConfig()\n" if root_first else "")
-            + "from worker.strategy import import_tensorflow\ntf = import_tensorflow()\n"
-            "from absl import logging as absl_logging\nabsl_logging.info('the first save logs through absl')\n"
-            "tf.get_logger().warning('said once')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert r.returncode == 0 and r.stderr.count("said once") == 1, r.stderr
+    configured before TensorFlow still shows them. Both cases at once: each process imports TensorFlow."""
+    def code(root_first: bool) -> str:
+        return ("import logging, sys\n" + ("logging.basicConfig()\n" if root_first else "")
+                + "from worker.strategy import import_tensorflow\ntf = import_tensorflow()\n"
+                "from absl import logging as absl_logging\nabsl_logging.info('the first save logs through absl')\n"
+                "tf.get_logger().warning('said once')\n")
+    procs = {case: subprocess.Popen([sys.executable, "-c", code(case == "root-configured-first")], cwd=REPO,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for case in ("tf-handler", "root-configured-first")}
+    errs = {case: proc.communicate(timeout=120)[1] for case, proc in procs.items()}
+    for case, err in errs.items():
+        assert procs[case].returncode == 0 and err.count("said once") == 1, (case, err)
 
 
 def test_help_documents_the_flags():
@@ -299,6 +303,7 @@ def test_two_workers_reach_90_percent_with_identical_weights(digits_run):
                      r"samples/s=\d+$", digits_run.log(0), re.M), digits_run.log(0)
 
 
+@pytest.mark.cluster  # digits_run trains two real workers
 def test_progress_json_changes_during_the_run(digits_run):
     snaps = digits_run.snapshots
     assert len({s["time"] for s in snaps}) >= 5, snaps
@@ -316,6 +321,7 @@ def test_progress_json_changes_during_the_run(digits_run):
     assert {"accuracy", "val_loss", "val_accuracy"} <= set(last["metrics"])
 
 
+@pytest.mark.cluster  # digits_run trains two real workers
 def test_only_the_chiefs_model_file_remains(digits_run):
     models = sorted(p.relative_to(digits_run.run) for p in digits_run.run.rglob("*.keras"))
     assert models == [Path("model.keras")]
@@ -326,6 +332,7 @@ def test_only_the_chiefs_model_file_remains(digits_run):
     assert json.loads((digits_run.run / "checkpoint" / "finished.json").read_text()) == {"run": "test"}
 
 
+@pytest.mark.cluster  # digits_run trains two real workers
 def test_end_of_fit_is_prompt(digits_run):
     assert_prompt_end(digits_run)
 

@@ -120,12 +120,12 @@ class ImportCheck:
     module prints is untrusted and cut. `python`: the interpreter as the spec names it for this host (the hint's)."""
 
     def __init__(self, entrypoint: str, cwd: str, env: dict[str, str], timeout: float = IMPORT_TIMEOUT_S,
-                 python: str | None = None):
+                 python: str | None = None, backend: Backend = Backend.TENSORFLOW):
         self.entrypoint, self.cwd, self.timeout = entrypoint, cwd, timeout
         self.python = python or sys.executable
         self.deadline = time.monotonic() + timeout
         self.out, self.err = bytearray(), bytearray()
-        argv = module_argv(sys.executable, "worker.entrypoint") + [entrypoint]
+        argv = module_argv(sys.executable, "worker.entrypoint") + [entrypoint, backend.value]
         self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      **OWN_GROUP)
@@ -161,6 +161,9 @@ class ImportCheck:
         shadow = [n for n in ("worker.py", "worker") if os.path.exists(os.path.join(self.cwd, n))]
         note = (f"; {os.path.join(self.cwd, shadow[0])} has the name of mgpu-cluster's package 'worker', which "
                 "the runner imports first: rename yours" if shadow and "worker" in error else "")
+        if report.get("during") == "call":
+            return (f"entrypoint {self.entrypoint!r} raised {error}{at} when called with its Task's train_data, as "
+                    "the jax runner will call them")
         return (f"entrypoint {self.entrypoint!r} cannot be imported: {error}{at}{note}. Run "
                 f"`{self.python} -c 'import {module}'` in {self.cwd} to see the whole traceback")
 
@@ -172,13 +175,15 @@ class ImportCheck:
         self.proc.wait()
 
 
-def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str]) -> dict[str, ImportCheck]:
-    """One import check per task folder, started now (they run while the other checks do)."""
+def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str],
+                  backend: Backend = Backend.TENSORFLOW) -> dict[str, ImportCheck]:
+    """One import check per task folder, started now (they run while the other checks do); on jax it also
+    calls the entrypoint and its train_data, to tell a TensorFlow pipeline before the run."""
     here, found = os.getcwd(), {}
     for t in tasks:
         cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
         if cwd not in found and os.path.isdir(cwd):
-            found[cwd] = ImportCheck(entrypoint, cwd, env, python=t.get("python"))
+            found[cwd] = ImportCheck(entrypoint, cwd, env, python=t.get("python"), backend=backend)
     return found
 
 
@@ -187,7 +192,7 @@ def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, e
                backend: Backend = Backend.TENSORFLOW) -> dict:
     """check_tasks, and with `env` (`check`) the entrypoint imported in each task folder meanwhile (in place of
     the static look for it); `also(report)` runs while the imports do (the cluster check)."""
-    imports = start_imports(tasks, entrypoint, env) if env is not None and entrypoint else {}
+    imports = start_imports(tasks, entrypoint, env, backend) if env is not None and entrypoint else {}
     try:
         report = check_tasks(tasks, None if imports else entrypoint, program, search, backend)
         also(report)

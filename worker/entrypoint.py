@@ -1,7 +1,8 @@
 """An entrypoint's contract: `module:function` returns a `Task`; its data builders get a `DataContext`.
 
 No TensorFlow import here (the examples import this module at no cost). `python -m worker.entrypoint
-MODULE:FUNCTION` imports an entrypoint as the runner would and says what became of it (the preflight's check).
+MODULE:FUNCTION [BACKEND]` imports an entrypoint as the runner would and says what became of it (the preflight's
+check; on jax, with what its train_data returns).
 """
 
 from __future__ import annotations
@@ -157,12 +158,48 @@ def users_frame(exc: BaseException) -> str | None:
     return None
 
 
-def import_report(spec: str) -> dict:
+JAX_DATA = "the jax backend needs (features, labels), two NumPy arrays of one length"
+
+
+def features_labels(built: Any) -> bool:
+    """What a data builder returned is what the jax backend takes: (features, labels), arrays of one length."""
+    return (isinstance(built, (tuple, list)) and len(built) == 2 and all(hasattr(a, "shape") for a in built)
+            and len(built[0]) == len(built[1]))
+
+
+def returned(built: Any) -> str:
+    """A returned value's type as a reader knows it (`tf.data.Dataset` for TensorFlow's datasets)."""
+    kind = type(built)
+    dataset = any(c.__module__.startswith("tensorflow") and c.__name__ == "DatasetV2" for c in kind.__mro__)
+    return f"{kind.__name__}, a tf.data.Dataset" if dataset else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def data_problem(spec: str, func: Callable[[], Any]) -> str | None:
+    """On the jax backend: the entrypoint called, and its Task's train_data, as the runner will (nothing trains);
+    what they returned against what the backend takes."""
+    from worker import entrypoint as contract  # its Task, also where this module runs as __main__
+
+    task = contract.load_entrypoint(spec, func)
+    n, index = int(os.environ.get("MGPU_NUM_WORKERS") or 1), int(os.environ.get("MGPU_TASK_INDEX") or 0)
+    built = task.train_data(contract.DataContext(global_batch_size=n, per_replica_batch_size=1, num_replicas=n,
+                                                 num_workers=n, worker_index=index, training=True, input_context=None))
+    if features_labels(built):
+        return None
+    return (f"Task.train_data returned {returned(built)}; {JAX_DATA}: return those, or set [training] "
+            'backend = "tensorflow"')
+
+
+def import_report(spec: str, backend: str = "tensorflow") -> dict:
     """Import the entrypoint as the runner does: {"ok": true}, or what went wrong ("error"), whether the module
-    raised it ("raised") and the user's own line where it did ("where", file:line)."""
+    raised it ("raised"), the user's own line where it did ("where", file:line) and whether it was at import or
+    when called ("during"). On the jax backend, the entrypoint is also called, and its Task's train_data
+    (data_problem)."""
+    during = "import"
     try:
-        resolve_entrypoint(spec)
-        return {"ok": True}
+        func = resolve_entrypoint(spec)
+        during = "call"
+        problem = data_problem(spec, func) if backend == "jax" else None
+        return {"ok": False, "error": problem, "raised": False} if problem else {"ok": True}
     except EntrypointError as exc:
         if exc.__cause__ is None:
             return {"ok": False, "error": exc.reason, "raised": False}
@@ -170,7 +207,7 @@ def import_report(spec: str) -> dict:
     except BaseException as exc:  # whatever the module raised at import (SystemExit and KeyboardInterrupt too)
         raised = exc
     return {"ok": False, "error": f"{type(raised).__name__}: {raised}".strip().rstrip(":"), "raised": True,
-            "where": users_frame(raised)}
+            "where": users_frame(raised), "during": during}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     report = os.dup(1)
     os.dup2(2, 1)
-    result = import_report(args[0]) if len(args) == 1 else {"ok": False, "error": "give one MODULE:FUNCTION"}
+    result = (import_report(*args) if len(args) in (1, 2)
+              else {"ok": False, "error": "give MODULE:FUNCTION [BACKEND]"})
     sys.stdout.flush()
     os.write(report, (json.dumps(result) + "\n").encode())
     os._exit(0)

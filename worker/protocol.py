@@ -19,6 +19,9 @@ EXIT_PORT_BUSY = 98  # the supervisor found the task's port taken just before th
 BEAT_S = 2.0  # a supervisor sends Stats at least this often, training or not: the launcher's sign of life
 FILE_MAX_BYTES = 65536  # a file the training can write (progress.json, task.json) larger than this is not read
 MAX_DEPTH = 16  # a record's dicts and lists nested deeper are refused (recursion in json and asdict)
+# The launcher's words on a supervisor's stdin (its own records go the other way): a standby's attempt starts; and,
+# just before the EOF of a failure's teardown, a peer failed, so no save with the group can land (KILL at once)
+GO, BROKEN = b"go\n", b"broken\n"
 
 
 class ProgressState(str, enum.Enum):
@@ -58,7 +61,7 @@ class Started(Event):
     time: float
     host: str = ""  # where it runs, when the engine learns it only now (a scheduler's node)
     port: int = 0  # its TF port, when the engine learns it only now (derived from a scheduler's job id)
-    warm: bool = False  # started from its standby (worker.task.standby): Python and its imports were ready
+    warm: bool = False  # forked from a fork server that had its imports done (worker.task.forkserver)
 
 
 @dataclass(frozen=True)
@@ -106,14 +109,15 @@ class Note(Event):
 
 @dataclass(frozen=True)
 class Standby(Event):
-    """A standby's supervisor, every BEAT_S until its attempt begins: the warm program (pid 0: none now;
-    `ended`: how the last one ended) and whether it has imported what it needs."""
+    """A standby's supervisor, every BEAT_S until its attempt begins: the task's fork server it holds (pid 0: none
+    now; `ended`: how the last one ended), whether it has imported what it imports, and the memory holding it adds
+    (worker.host.system.private_memory of the server and of the standby's supervisor), in bytes."""
 
     kind: ClassVar[str] = "standby"
     pid: int
     create_time: float
     ready: bool = False
-    rss: int | None = None
+    memory: int | None = None
     ended: str = ""
 
 

@@ -206,9 +206,9 @@ def _standby_line(snap: dict) -> str | None:
     if not held:
         return None
     parts = [f"task {i} {'ready' if s.get('ready') else 'importing'}"
-             + (f" ({s['rss'] // 2**20} MB)" if isinstance(s.get("rss"), int) else "") for i, s in held]
-    total = sum(s["rss"] for _, s in held if isinstance(s.get("rss"), int))
-    return f"standbys for attempt {held[0][1].get('attempt')}: {', '.join(parts)}; {total / 2**30:.1f} GB in all"
+             + (f" ({s['memory'] // 2**20} MB)" if isinstance(s.get("memory"), int) else "") for i, s in held]
+    total = sum(s["memory"] for _, s in held if isinstance(s.get("memory"), int))
+    return f"standbys for attempt {held[0][1].get('attempt')}: {', '.join(parts)}; {total / 2**20:.0f} MB in all"
 
 
 def _job_line(snap: dict) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 
 XLA_CPU_DEVICES = "--xla_force_host_platform_device_count"  # XLA's logical devices on the CPU platform
 
@@ -60,6 +61,14 @@ OWNED_PREFIXES = {"KERAS_DISTRIBUTION_": HOSTS}  # every variable keras.distribu
 OWNED_FLAGS = {"XLA_FLAGS": {XLA_CPU_DEVICES: "[training] local_replicas"}}  # a flag inside a variable
 
 
+# set in each pod by Kubernetes or by the JobSet we render, for the pod entry: refused in [kubernetes] env
+POD_INDEX = "JOB_COMPLETION_INDEX"  # the pod's rank (its Indexed Job's)
+SAFE_PATH = "PYTHONSAFEPATH"  # the pod entry's guard (Python >= 3.11): no worker.py of the workdir before our package
+POD_OWNED = {POD_INDEX: "Kubernetes (each pod's index in its Job)",
+             SAFE_PATH: "the rendered JobSet (so that a worker.py in workdir cannot stand in for mgpu-cluster's "
+                        "worker package when the pod starts)"}
+
+
 def owner(name: str, value: str = "") -> tuple[str, str] | None:
     """Where this builder owns variable `name` (given `value`): what it sets (the name, or a flag in it) and
     the spec key to use instead; else None."""
@@ -68,6 +77,26 @@ def owner(name: str, value: str = "") -> tuple[str, str] | None:
     if name in OWNED or prefix:
         return name, OWNED.get(name) or OWNED_PREFIXES[prefix]
     return (f"{flag} in {name}", OWNED_FLAGS[name][flag]) if flag else None
+
+
+def visible_devices(gpus: int | str | list[int] | None) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a task's GPUs, the one rule of every engine: "" where it has none ("none", or 0
+    GPUs: it must not take a GPU it could see), the indices where named, nothing for "all", a count or no setting."""
+    if gpus in ("none", 0):
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if isinstance(gpus, list) else {}
+
+
+def pod_environment(gpus: int, env: Mapping[str, str] | None) -> dict[str, str]:
+    """What a Kubernetes pod's container gets in clear (its manifest's env): its GPUs, the pod entry's start
+    guard and the spec's env; the pod entry builds the rest (task_environment) from its index."""
+    return {**visible_devices(gpus), SAFE_PATH: "1", **(env or {})}
+
+
+def inherited(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a task's builder takes as `common` from the environment its engine gave (a pod's container env):
+    every variable but those this builder owns, which it computes itself."""
+    return {k: v for k, v in environ.items() if owner(k, v) is None and k not in POD_OWNED}
 
 
 def keras_distribution(workers: list[str], rank: int) -> dict[str, str]:

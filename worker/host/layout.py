@@ -31,7 +31,8 @@ PROGRESS = "progress.json"  # written by the training (untrusted)
 TASK_INFO = "task.json"  # pids with their create times
 PID = "pid"
 EXIT_CODE = "exit_code"
-MODULES = "modules.txt"  # what the training had imported at its first step: its next standby imports them too
+MODULES = "modules.txt"  # the installed modules the training had imported at its first step: its fork server imports them
+FORK_LOG = "forkserver.log"  # what the task's fork server printed (its imports' warnings)
 STALE = (EXIT_CODE, PROGRESS, PID, TASK_INFO)  # an earlier attempt's, removed before a start
 
 # the run's folder, for a scheduler's tasks

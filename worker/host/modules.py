@@ -1,12 +1,15 @@
-"""The modules a training process had imported at its first step, kept in its task's folder: the task's next
-standby (worker.task.standby) imports them too, so a restart pays for none of the imports the training does
-late (a data loader's). Standard library only."""
+"""The installed modules a training process had imported at its first step, kept in its task's folder: the task's
+fork server (worker.task.forkserver) imports them too, so a restart pays for none of the imports the training does
+late (a data loader's). Never the user's own modules: their module-level code runs once per attempt, at its start,
+as in a cold start. Standard library only."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 from worker.host import layout
@@ -26,11 +29,28 @@ def remember(folder: str | None) -> None:
     next standby: the imports it does later, lazily (a data loader's), are paid for before a restart too."""
     if not folder:
         return
-    names = [m for m in list(sys.modules) if _MODULE.match(m) and m.partition(".")[0] not in FRAMEWORKS]
+    names = [m for m, module in list(sys.modules.items())
+             if _MODULE.match(m) and m.partition(".")[0] not in FRAMEWORKS and installed(module)]
     try:
         write_private(Path(folder, layout.MODULES), "\n".join(names[:MODULES_MAX]) + "\n")
     except OSError:
         pass  # a full disk: the next standby imports less, nothing more
+
+
+def installed(module: object) -> bool:
+    """Whether `module` is Python's own or an installed package's (its file under the interpreter's library folders),
+    not a module of the user's folder, whose import may have effects outside its process (a log file opened)."""
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return getattr(getattr(module, "__spec__", None), "origin", None) in ("built-in", "frozen")
+    return os.path.realpath(path).startswith(_roots())
+
+
+@functools.lru_cache(maxsize=1)
+def _roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[key]) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                  if paths.get(key)})
 
 
 def remembered() -> list[str]:

@@ -93,6 +93,27 @@ def tree_rss(proc) -> int:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
 
 
+def private_memory(pid: int) -> int | None:
+    """The memory process `pid` holds that no other process shares: its private anonymous pages and its swap. A
+    fork server's other private pages are its libraries' clean file pages, the page cache its trainers map too,
+    which the kernel can take back. None where it cannot be read."""
+    total, anon = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps", "rb") as f:
+            for line in f:
+                head, _, rest = line.partition(b" ")
+                if head.endswith(b":"):
+                    if head in (b"Private_Clean:", b"Private_Dirty:") and anon or head == b"Swap:":
+                        total += int(rest.split()[0]) * 1024
+                else:  # a mapping: "start-end perms offset dev inode [path]"
+                    fields = line.split(None, 5)
+                    path = fields[5].strip() if len(fields) > 5 else b""
+                    anon = not path or path.startswith((b"[heap", b"[stack", b"[anon"))
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
 class Meter:
     """CPU% (since the last read), resident memory of the tree, and state of one process; Nones where
     psutil has no figures (yet, or any more)."""

@@ -15,19 +15,23 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.task.channel import Channel
 from worker.host import layout
-from worker.task.folder import TaskFolder
-from worker.host.system import Meter, child_setup, port_holder
-from worker.task.lines import NOTE, Lines
-from worker.task.warm import Warm
 from worker.host.spawn import OWN_GROUP, stop_group
+from worker.host.system import Meter, child_setup, port_holder, private_memory
+from worker.task import forkserver
+from worker.task.channel import Channel
+from worker.task.folder import TaskFolder
+from worker.task.forkserver import Request
+from worker.task.lines import NOTE, Lines
+from worker.task.program import Program
+from worker.task.warm import Forked, NoServer, Server
 
 procs: Any = None  # worker.host.procs and worker.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
@@ -41,7 +45,9 @@ FORWARD_EVERY_S = 0.1  # output is sent at most this often (a flood in batches)
 FORWARD_MAX_LINES = 400  # per batch; beyond that a flood is thinned (worker.log keeps all)
 FORWARD_MAX_BYTES = 8192  # per batch: a slow link holds little output ahead of an exit or a beat
 EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.log); its program not found
-WARM_TRIES = 3  # a standby that dies before its start is started again, this many times in all
+# a server's memory is read from its smaps (thousands of mappings: tens of ms of a core) this seldom, once it is ready
+MEMORY_EVERY_S = 30.0
+WARM_TRIES = 3  # a fork server that dies while its standby holds it is started again, this many times in all
 ENV_ATTEMPT = "MGPU_ATTEMPT"  # worker.host.procs.ENV_ATTEMPT: which attempt a process was started for
 
 
@@ -66,7 +72,8 @@ class TaskSetup:
     parent_death: int = signal.SIGTERM  # what the task gets if the core dies (Slurm: SIGKILL, it kills us so)
     echo: bool = False  # the training's output also on our stdout (a pod's: what `kubectl logs` shows)
     notes: list[str] = field(default_factory=list)  # said before the start (the entry's own findings)
-    standby: bool = False  # start the program warm now, and the attempt itself on begin()
+    warm: bool = False  # the attempt forked by its task's fork server (worker.task.forkserver), started where none runs
+    standby: bool = False  # hold the fork server now, and start the attempt on begin()
 
 
 class TaskCore:
@@ -74,7 +81,7 @@ class TaskCore:
         self.setup, self.channel = setup, channel
         self.run_dir = setup.run_dir
         self.stopping = threading.Event()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | Forked | None = None
         self.lines = Lines()
         self.last_progress = b""
         self.notice = ""  # the signal that gave notice, if one did
@@ -83,7 +90,9 @@ class TaskCore:
         self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
         self.index = setup.env.get("MGPU_TASK_INDEX", "")
         self.begun, self.woken = threading.Event(), threading.Event()  # a standby's start; any reason to look
-        self.warm: Warm | None = None
+        self.server: Server | None = None  # the task's fork server, while this core holds it
+        self.memory: tuple[int, float, int | None] | None = None  # (server pid, when read, what holding it adds)
+        self.program = Program.of(setup.argv, sys.executable) if setup.warm else None  # None: it starts cold
 
     # ---- what we say
     def emit(self, event) -> None:
@@ -129,8 +138,11 @@ class TaskCore:
             _import_rest()
             return self.refuse(protocol.EXIT_PORT_BUSY, f"port {s.port} was taken by {holder} after the preflight, so "
                                "the task was not started; stop that process or choose another port, then run again")
-        warm = self.start_warm()
-        if not warm:
+        warm = self.start_forked()
+        if self.proc is None and self.stopping.is_set():  # stopped while its fork server imported
+            return self.refuse(protocol.EXIT_PREEMPTED if self.notice else -signal.SIGTERM,
+                               f"stopped before it started ({self.notice or 'a stop request'})")
+        if self.proc is None:
             try:
                 self.proc = subprocess.Popen(s.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, env=self.program_env,
@@ -170,70 +182,94 @@ class TaskCore:
             procs.stop(left, s.grace)
         return self.finish(code)
 
-    # ---- a standby: the program started warm, the attempt begun when the launcher says so
-    def hold(self) -> bool:
-        """Keep the next attempt's program warm until begin() (True) or a stop (False: it is gone). Told to
-        the launcher in Standby records; one that dies is started again (WARM_TRIES in all), then the attempt
-        will start cold."""
+    # ---- the fork server: an attempt forked from it, and a standby that holds it for the next attempt
+    @property
+    def server_env(self) -> dict[str, str]:
+        return {**self.program_env, ENV_ATTEMPT: forkserver.MARK}
+
+    def open_server(self, idle: bool) -> Server:
+        assert self.program is not None
+        return Server.open(forkserver.name(self.run_id, self.index), self.server_env, os.getcwd(),
+                           layout.file(self.run_dir, layout.FORK_LOG), idle, self.program.ours)
+
+    def start_forked(self) -> bool:
+        """The attempt forked by its task's fork server, started here where none runs (then this attempt pays
+        for the imports, as a cold one does): True when the server had them done already; self.proc stays None
+        where it cannot fork (the attempt starts cold) or a stop came first."""
+        if self.program is None:
+            return False
         _import_rest()
-        tries, beat_at, ended, meter = 0, 0.0, "", None
+        if self.server is None or not self.server.look():
+            try:
+                self.server = self.open_server(idle=False)
+            except NoServer:
+                return False  # the attempt starts cold: what is wrong (an import that fails), its program says
+        server = self.server
+        warm, meter, beat_at = server.ready, Meter(server.pid), 0.0
+        server.hurry()
+        while not server.ready and not self.stopping.is_set():
+            if time.monotonic() - beat_at >= protocol.BEAT_S:  # its imports are this attempt's start: a beat
+                beat_at = time.monotonic()
+                cpu, rss, status = meter.read()
+                self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
+            if not server.look(0.2):
+                return False
+        if self.stopping.is_set():
+            return False
+        self.proc = server.fork(Request(self.program, self.program_env, os.getcwd(),
+                                        tuple(self.setup.cpus) if self.setup.cpus else None, self.setup.parent_death))
+        return warm and self.proc is not None
+
+    def hold(self) -> bool:
+        """Hold the task's fork server for the next attempt (started, at the idle priority, where none runs)
+        until begin() (True) or a stop (False), told to the launcher in Standby records. One that dies is started
+        again (WARM_TRIES in all), then the attempt will start cold."""
+        _import_rest()
+        tries, beat_at, ended = 0, 0.0, ""
         while not self.begun.is_set() and not self.stopping.is_set():
-            if self.warm is not None and not self.warm.alive:
-                self.warm.look()
-                ended = f"ended with code {self.warm.proc.returncode}{self.warm.last_words()}"
-                self.warm = None
+            if self.server is not None and not self.server.look():
+                ended = self.server.ended()
+                self.server.close()
+                self.server = None
                 if tries >= WARM_TRIES:
-                    self.tell(f"its standby for attempt {self.setup.attempt} {ended}, {WARM_TRIES} times in all: none "
-                              "is started again, so that attempt starts cold if the run restarts")
-            if self.warm is None and tries < WARM_TRIES:
+                    self.gave_up(ended)
+            if self.server is None and self.program is not None and tries < WARM_TRIES:
                 tries += 1
-                self.warm = Warm.start(self.setup.argv, self.program_env, self.setup.cpus, self.setup.parent_death)
-                if self.warm is None:
-                    tries = WARM_TRIES  # not a program that starts warm: the attempt starts cold
-                meter = Meter(self.warm.proc.pid) if self.warm else None
+                try:
+                    self.server = self.open_server(idle=True)
+                except NoServer as exc:
+                    ended = str(exc)
+                    if tries >= WARM_TRIES:
+                        self.gave_up(ended)
             if time.monotonic() - beat_at >= protocol.BEAT_S:
                 beat_at = time.monotonic()
-                self.tell_standby(meter, ended)
-            if self.warm is not None:
-                self.warm.look()
+                self.tell_standby(ended)
             self.woken.wait(0.2)
             self.woken.clear()
-        if self.stopping.is_set() and self.warm is not None:
-            self.warm.stop()
-            self.warm = None
         return self.begun.is_set() and not self.stopping.is_set()
 
-    def tell_standby(self, meter: Meter | None, ended: str) -> None:
-        warm = self.warm
-        ident = procs.identity(warm.proc.pid) if warm else None
-        rss = meter.read()[1] if warm and meter else None
+    def gave_up(self, ended: str) -> None:
+        self.tell(f"its fork server {ended}, {WARM_TRIES} times in all: none is started again, so attempt "
+                  f"{self.setup.attempt} starts cold if the run restarts")
+
+    def tell_standby(self, ended: str) -> None:
+        """Its fork server, whether it is ready, and the memory holding it adds: the server's own and ours."""
+        server = self.server
+        ident = procs.identity(server.pid) if server else None
+        if server is not None and server.ready and (self.memory is None or self.memory[0] != server.pid
+                                                    or time.monotonic() - self.memory[1] >= MEMORY_EVERY_S):
+            held = [private_memory(server.pid), private_memory(os.getpid())]
+            self.memory = (server.pid, time.monotonic(), sum(held) if None not in held else None)  # type: ignore
+        memory = self.memory[2] if server is not None and self.memory and self.memory[0] == server.pid else None
         self.emit(protocol.Standby(pid=ident[0] if ident else 0, create_time=ident[1] if ident else 0.0,
-                                   ready=bool(warm and warm.ready_at), rss=rss, ended=ended if not warm else ""))
+                                   ready=bool(server and server.ready), memory=memory, ended=ended if not server else ""))
 
     def begin(self) -> None:
         """The launcher's word: this standby's attempt starts now."""
         self.begun.set()
         self.woken.set()
 
-    def start_warm(self) -> bool:
-        """The held program told to start (True); False when there is none alive (the attempt starts cold)."""
-        warm = self.warm
-        if warm is None:
-            return False
-        if warm.alive and warm.go():  # kept in self.warm (its link open) while it runs
-            self.proc = warm.proc
-            if warm.held:  # what it printed while it imported, in the attempt's log and output
-                self.folder.log_write(warm.held)
-                self.lines.feed(warm.held)
-            return True
-        warm.stop()
-        self.warm = None
-        return False
-
     def refuse(self, code: int, reason: str) -> int:
-        if self.warm is not None:
-            self.warm.stop()
-            self.warm = None
         self.folder.write(layout.EXIT_CODE, f"{code}\n")
         self.note(reason)
         _import_rest()

@@ -14,9 +14,10 @@ it, or went away) or on INT/HUP; TERM or USR1 is a notice (a host or scheduler t
 machine) and gets --preempt-grace. With --lifeline N, silence on stdin for N seconds also stops
 the task: a host cut off from the network never sees an EOF.
 
-With --standby it is a standby: it starts the program warm at once (worker.task.standby: Python and
-TensorFlow imported, no port, no runtime), says so in Standby records, and starts the attempt when the
-line "go" comes on stdin; stopped before that, it leaves nothing and reports nothing.
+With --warm the attempt is forked from the task's fork server (worker.task.forkserver: Python, TensorFlow and
+our runner imported once per task and host), started where none runs. With --standby too it is a standby: it
+holds that server, says so in Standby records, and starts the attempt when the line "go" comes on stdin;
+stopped before that, it leaves nothing and reports nothing.
 """
 
 from __future__ import annotations
@@ -30,14 +31,10 @@ import threading
 import time
 from pathlib import Path
 
+from worker.protocol import BROKEN, GO
 from worker.task.channel import PipeChannel
 from worker.task.core import GRACE_S, TaskCore, TaskSetup
 from worker.task.signals import Signals
-from worker.task.standby import GO
-
-# Said on our stdin just before its end (EOF) at a failure's teardown: a peer failed, so no save with the
-# group can land (it needs every task); the task gets KILL at once (core.BROKEN_GRACE_S), not its grace.
-BROKEN = b"broken\n"
 
 
 def read_env_line() -> tuple[dict[str, str] | None, bytes]:
@@ -96,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the task when stdin stays silent this many seconds")
     parser.add_argument("--env-stdin", action="store_true", help="read the task's environment from stdin's first line")
     parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
-    parser.add_argument("--standby", action="store_true", help="start the program warm now (worker.task.standby) "
-                        "and the attempt when the line 'go' comes on stdin")
+    parser.add_argument("--warm", action="store_true", help="fork the attempt from the task's fork server "
+                        "(worker.task.forkserver), started where none runs")
+    parser.add_argument("--standby", action="store_true", help="with --warm: hold the fork server now and start the "
+                        "attempt when the line 'go' comes on stdin")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -118,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     setup = TaskSetup(run_dir=args.run_dir.resolve(), attempt=args.attempt, argv=program, env=env, cpus=cpus,
                       port=args.port, grace=args.grace,
                       preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
-                      standby=args.standby and args.env_stdin and not args.detach)
+                      warm=args.warm and args.env_stdin and not args.detach,
+                      standby=args.standby and args.warm and args.env_stdin and not args.detach)
     sup = TaskCore(setup, PipeChannel())
     signals.attach(sup)
     if not args.detach:

@@ -1,5 +1,6 @@
-"""The task core's side of a standby (worker.task.standby): the next attempt's program, started early and
-held until the core is told to start it. Standard library only, like the core before its task runs."""
+"""The task core's side of its task's fork server (worker.task.forkserver): connect to it, start it where none
+runs, and have it fork an attempt, which the core then owns as it owns a process it started (its pid, exit
+status, group, output and cores). Standard library only, like the core before its task runs."""
 
 from __future__ import annotations
 
@@ -9,99 +10,200 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from worker.host.spawn import OWN_GROUP, stop_group
+from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import child_setup
-from worker.task import standby
+from worker.task import forkserver
+from worker.task.forkserver import Request
 from worker.task.lines import printable
 
-STOP_GRACE_S = 0.5  # a standby runs nothing of the user's yet: TERM ends it at once
-LAST_WORDS_MAX = 200  # characters of a dead standby's last line, told to the launcher
-HELD_OUTPUT_MAX = 65536  # what a standby prints while it imports (TensorFlow's start-up lines), kept for the log
+MODULE = "worker.task.forkserver"
+CONNECT_S = 10.0  # a server just started binds its address in well under a second
+LAST_WORDS_MAX = 200  # characters of a dead server's last line, told to the launcher
+PID_WAIT_S = 30.0  # from a request to the trainer's pid (a server may be importing what the last attempt imported)
 
 
-class Warm:
-    """A program started through worker.task.standby, waiting for "go"."""
+class NoServer(Exception):
+    """No fork server could be had: why (how the one started here ended, in its own last words)."""
 
-    def __init__(self, proc: subprocess.Popen, link: socket.socket, cpus: list[int] | None):
-        self.proc, self.link, self.cpus = proc, link, cpus
-        self.ready_at: float | None = None  # when it said it had imported what it needs
-        self.held = b""
-        os.set_blocking(proc.stdout.fileno(), False)
+
+class Forked:
+    """An attempt forked by the server, as the core sees a child it started (what subprocess.Popen offers the
+    core: pid, stdout, poll, wait, returncode), its exit status told by its reaper."""
+
+    def __init__(self, pid: int, link: socket.socket, stdout: int):
+        self.pid, self.link = pid, link
+        self.stdout = open(stdout, "rb", buffering=0)
+        self.returncode: int | None = None
+        self.said = b""
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None or not select.select([self.link], [], [], timeout)[0]:
+            return
+        try:
+            data = self.link.recv(256)
+        except OSError:
+            data = b""
+        self.said += data
+        self._parse()
+        if not data and self.returncode is None:  # its reaper was killed: the trainer got its parent-death signal
+            self._gone()
+
+    def _parse(self) -> None:
+        for line in self.said.split(b"\n")[:-1]:
+            if line.startswith(b"exit "):
+                self.returncode = int(line[5:])
+
+    def _gone(self) -> None:
+        while os.path.exists(f"/proc/{self.pid}"):
+            time.sleep(0.05)
+        self.returncode = -9
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            self._read(left)
+        return self.returncode
+
+
+class Server:
+    """A core's connection to its task's fork server; `ready` once the server has imported what it imports."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen | None, log: Path):
+        self.sock, self.proc, self.log = sock, proc, log
+        self.pid = forkserver.peer(sock)[0]
+        self.ready = False
+        self.gone = False
 
     @classmethod
-    def start(cls, argv: list[str], env: dict[str, str], cpus: list[int] | None, parent_death: int) -> "Warm | None":
-        """`argv` started warm, or None where it cannot be (not the core's Python: it starts cold)."""
-        warm_argv = standby.warm_argv(argv, sys.executable)
-        if warm_argv is None:
-            return None
+    def open(cls, name: str, env: dict[str, str], cwd: str, log: Path, idle: bool, ours: str | None) -> "Server":
+        """Connected to the server `name`, started here (at the idle priority with `idle`) where none runs;
+        NoServer where none can be (the attempt starts cold)."""
+        sock = _connect(name)
+        if sock is not None:
+            return cls(sock, None, log)
+        argv = module_argv(sys.executable, MODULE) + [name, *(["--idle"] if idle else []),
+                                                        *(["--ours", ours] if ours else [])]
+        own = {forkserver.ENV_GROUP: "own"} if os.getsid(0) == os.getpid() else {}
+        try:
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                        env={**env, **own}, preexec_fn=child_setup(), **OWN_GROUP)
+        except (OSError, ValueError) as exc:
+            raise NoServer(f"could not be started: {exc}") from None
+        deadline = time.monotonic() + CONNECT_S
+        while time.monotonic() < deadline:
+            ended = proc.poll() is not None  # code 0: another core's server took the name first
+            sock = _connect(name)
+            if sock is not None:
+                return cls(sock, proc, log)
+            if ended:
+                raise NoServer(f"ended with code {proc.returncode}{last_words(log)}")
+            time.sleep(0.02)
+        proc.kill()
+        raise NoServer(f"did not listen within {CONNECT_S:g} s{last_words(log)}")
+
+    def look(self, timeout: float = 0) -> bool:
+        """Whether it is still there (and take its word that it is ready)."""
+        if self.proc is not None:
+            self.proc.poll()  # our child until it outlives us: never a zombie of ours
+        if self.gone or self.ready:
+            if not self.gone and select.select([self.sock], [], [], 0)[0]:
+                self.gone = True  # it says nothing after "ready": readable is its end
+            return not self.gone
+        if select.select([self.sock], [], [], timeout)[0]:
+            try:
+                said = self.sock.recv(64)
+            except OSError:
+                said = b""
+            self.ready = said.startswith(forkserver.READY)
+            self.gone = not self.ready
+        return not self.gone
+
+    def hurry(self) -> None:
+        """Its imports at the normal priority from now on (every thread of it): an attempt waits for them."""
+        try:
+            threads = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return
+        for tid in threads:
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+            except (OSError, ValueError):
+                pass
+        try:
+            with open(f"/proc/{self.pid}/autogroup", "w") as f:
+                f.write("0")
+        except OSError:
+            pass
+
+    def ended(self) -> str:
+        """How it ended, as far as this core can tell."""
+        code = self.proc.returncode if self.proc is not None else None
+        return ("ended" if code is None else f"ended with code {code}") + last_words(self.log)
+
+    def fork(self, request: Request) -> Forked | None:
+        """The attempt, forked; None where the server cannot fork it (then it starts cold)."""
+        out_r, out_w = os.pipe()
         ours, theirs = socket.socketpair()
         try:
-            own = {standby.ENV_GROUP: "own"} if os.getsid(0) == os.getpid() else {}  # nothing else in its autogroup
-            proc = subprocess.Popen(warm_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env={**env, standby.ENV_FD: str(theirs.fileno()), **own},
-                                    pass_fds=(theirs.fileno(),), preexec_fn=child_setup(parent_death),
-                                    **OWN_GROUP)
-        except (OSError, ValueError):
+            socket.send_fds(self.sock, [request.encode()], [out_w, theirs.fileno()])
+        except OSError:
+            for fd in (out_r, out_w):
+                os.close(fd)
             ours.close()
             return None
         finally:
             theirs.close()
-        return cls(proc, ours, cpus)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def look(self) -> None:
-        """Take what it printed and whether it is ready (never blocks)."""
-        try:
-            chunk = os.read(self.proc.stdout.fileno(), HELD_OUTPUT_MAX)
-        except (BlockingIOError, OSError):
-            chunk = b""
-        self.held = (self.held + chunk)[-HELD_OUTPUT_MAX:]
-        if self.ready_at is None and select.select([self.link], [], [], 0)[0]:
+        os.close(out_w)
+        said, deadline = b"", time.monotonic() + PID_WAIT_S
+        while b"\n" not in said and select.select([ours], [], [], max(0.0, deadline - time.monotonic()))[0]:
             try:
-                said = self.link.recv(64)
+                data = ours.recv(64)
             except OSError:
-                said = b""
-            if said.startswith(standby.READY):
-                self.ready_at = time.time()
+                data = b""
+            if not data:
+                break
+            said += data
+        line, _, rest = said.partition(b"\n")
+        if not line.startswith(b"pid "):
+            os.close(out_r)
+            ours.close()
+            return None
+        forked = Forked(int(line[4:]), ours, out_r)
+        forked.said = rest
+        forked._parse()
+        return forked
 
-    def last_words(self) -> str:
-        """' (its last line)' of what it printed, cut short (untrusted: the program's own words), or ''."""
-        last = next((line for line in reversed(self.held.decode(errors="replace").splitlines()) if line.strip()), "")
-        return f" ({printable(last, LAST_WORDS_MAX)})" if last else ""
+    def close(self) -> None:
+        self.sock.close()
 
-    def go(self) -> bool:
-        """Start it: True once it was told (its output pipe back to blocking, for the core's pump). The link
-        stays open while the program runs: closed with "ready" unread, it would reset the program's end."""
-        self.look()
-        self.pin()
-        try:
-            self.link.sendall(standby.GO)
-        except OSError:
-            return False
-        os.set_blocking(self.proc.stdout.fileno(), True)
-        return self.alive
 
-    def pin(self) -> None:
-        """The task's cores for every thread it has (importing TensorFlow starts a few). Until now it ran on
-        any core, at idle priority: its import takes what idle time the whole host has, not its task's."""
-        if not self.cpus:
-            return
-        try:
-            threads = os.listdir(f"/proc/{self.proc.pid}/task")
-        except OSError:
-            threads = [str(self.proc.pid)]
-        for tid in threads:
-            try:
-                os.sched_setaffinity(int(tid), self.cpus)
-            except (OSError, ValueError):
-                pass
+def last_words(log: Path) -> str:
+    """' (a server log's last line)', cut short (what a server printed: its imports' words, untrusted), or ''."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+    return f" ({printable(last, LAST_WORDS_MAX)})" if last else ""
 
-    def stop(self) -> None:
-        """Gone, with all it started (its own group): nothing of a standby is ever left behind."""
-        self.link.close()
-        stop_group(self.proc, STOP_GRACE_S)
-        self.proc.wait()
+
+def _connect(name: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(forkserver.address(name))
+    except OSError:
+        sock.close()
+        return None
+    return sock

@@ -14,7 +14,7 @@ from launcher.plan import TaskPlan, worker_argv
 from launcher.spec import Host
 from launcher.speck8s import pod_host
 from worker.host import layout
-from worker.host.env import Backend, endpoint, keras_distribution
+from worker.host.env import POD_INDEX, PROCESS_ID, Backend, endpoint, keras_distribution
 
 NOT_HERE = "a [kubernetes] run is applied with kubectl, not started by mgpu-cluster"
 
@@ -42,7 +42,7 @@ class KubernetesEngine(Engine):
         if self.spec.training.backend is Backend.JAX:
             k8s = self.spec.kubernetes
             hosts = [endpoint(host_pattern(self.spec).format(i=i), k8s.port) for i in range(k8s.workers)]
-            found = {**keras_distribution(hosts, 0), "KERAS_DISTRIBUTION_PROCESS_ID": "<JOB_COMPLETION_INDEX>"}
+            found = {**keras_distribution(hosts, 0), PROCESS_ID: f"<{POD_INDEX}>"}
             say(f"# each pod's Keras variables, built by its entry: {' '.join(f'{k}={v}' for k, v in found.items())}")
         say(render(self.spec, masked=True))
 

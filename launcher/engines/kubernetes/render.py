@@ -10,11 +10,11 @@ import math
 
 from launcher.plan import cpu_devices, mask_env, worker_argv
 from launcher.spec import ClusterSpec
-from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, Toleration, pod_host
+from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, RUNS_VOLUME, SHM_VOLUME, Toleration, pod_host
 from worker.host import layout
-from worker.host.env import Backend
-from worker.protocol import EXIT_PREEMPTED
+from worker.host.env import Backend, pod_environment
 from worker.host.spawn import module_argv
+from worker.protocol import EXIT_PREEMPTED
 
 PREEMPTED_RULE = "preempted"
 RUN_LABEL = OWN_LABELS + "run"  # the run's id, the JobSet's name: kubectl logs -l mgpu-cluster/run=<name>
@@ -31,11 +31,21 @@ def host_pattern(spec: ClusterSpec) -> str:
 
 
 def pod_command(spec: ClusterSpec) -> list[str]:
+    """`python -m worker.task.pod ... -- PROGRAM`, as a reader of the manifest expects it. The container's env
+    holds PYTHONSAFEPATH=1 (worker.host.env.pod_environment), so that a worker.py in the workdir does not stand
+    in for our package (what module_argv's boot does elsewhere; Python >= 3.11, an older Python ignores it).
+    Our runner keeps that guard (it puts the workdir on sys.path itself for the entrypoint: --safe-path); a
+    program of the spec's `command` gets Python's usual sys.path."""
     k8s, launch = spec.kubernetes, spec.launch
-    return [*module_argv(k8s.python, "worker.task.pod"), "--run-id", k8s.jobset, "--run-dir", run_folder(spec),
+    program = list(worker_argv(spec, k8s.python))
+    boot = module_argv(k8s.python, "worker")
+    ours = spec.training.command is None and program[:len(boot)] == boot
+    if ours:
+        program[:len(boot)] = [k8s.python, "-m", "worker"]
+    return [k8s.python, "-m", "worker.task.pod", "--run-id", k8s.jobset, "--run-dir", run_folder(spec),
             "--hosts", host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
-            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}", *backend_args(spec),
-            "--", *worker_argv(spec, k8s.python)]
+            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
+            *(["--safe-path"] if ours else []), *backend_args(spec), "--", *program]
 
 
 def backend_args(spec: ClusterSpec) -> list[str]:
@@ -50,9 +60,7 @@ def backend_args(spec: ClusterSpec) -> list[str]:
 def pod_env(spec: ClusterSpec) -> dict[str, str]:
     """What the launcher gives every pod in clear (the container's env); the pod entry builds the rest of the
     task's environment, TF_CONFIG included, with the one builder (worker.host.env)."""
-    k8s = spec.kubernetes
-    cpu_only = k8s.gpus_per_worker == 0 and "CUDA_VISIBLE_DEVICES" not in (k8s.secret_env or {})
-    return {**({"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {}), **(k8s.env or {})}
+    return pod_environment(spec.kubernetes.gpus_per_worker, spec.kubernetes.env)
 
 
 def _env(spec: ClusterSpec, masked: bool) -> list[dict]:
@@ -64,13 +72,12 @@ def _env(spec: ClusterSpec, masked: bool) -> list[dict]:
 
 
 def _resources(spec: ClusterSpec) -> dict:
-    k8s, limits = spec.kubernetes, {}
-    if k8s.cpu:
-        limits["cpu"] = k8s.cpu
-    if k8s.memory:
-        limits["memory"] = k8s.memory
-    if k8s.gpus_per_worker:
-        limits["nvidia.com/gpu"] = str(k8s.gpus_per_worker)
+    """Requests equal to limits (a device, an extended resource, takes no other): cpu, memory, GPUs and the
+    spec's other resources (rdma/hca)."""
+    k8s = spec.kubernetes
+    own = {"cpu": k8s.cpu, "memory": k8s.memory, "nvidia.com/gpu": k8s.gpus_per_worker and str(k8s.gpus_per_worker)}
+    limits = {**{key: value for key, value in own.items() if value},
+              **{key: str(value) for key, value in (k8s.resources or {}).items()}}
     return {"requests": dict(limits), "limits": limits} if limits else {}
 
 
@@ -81,15 +88,19 @@ def _toleration(t: Toleration) -> dict:
 
 
 def _volumes(spec: ClusterSpec, container: dict, pod: dict) -> None:
-    """The shared run folder (a PersistentVolumeClaim) and a memory-backed /dev/shm, where the spec asks."""
+    """The shared run folder (a PersistentVolumeClaim), a memory-backed /dev/shm, where the spec asks, and the
+    spec's own volumes (data sets, a node's SSD)."""
     k8s, mounts, volumes = spec.kubernetes, [], []
     if k8s.volume_claim:
-        mounts.append({"name": "runs", "mountPath": layout.mgpu_dir(k8s.workdir)})
-        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": k8s.volume_claim}})
+        mounts.append({"name": RUNS_VOLUME, "mountPath": layout.mgpu_dir(k8s.workdir)})
+        volumes.append({"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": k8s.volume_claim}})
     if k8s.shm is not False:
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         size = {"sizeLimit": k8s.shm} if isinstance(k8s.shm, str) else {}
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", **size}})
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", **size}})
+    for volume in k8s.volumes or ():
+        mounts.append(volume.mounted())
+        volumes.append({"name": volume.name, **volume.source()})
     if volumes:
         container["volumeMounts"], pod["volumes"] = mounts, volumes
 
@@ -109,6 +120,9 @@ def _pod(spec: ClusterSpec, masked: bool) -> dict:
     _volumes(spec, container, pod)
     scheduling = {"nodeSelector": k8s.node_selector,
                   "tolerations": k8s.tolerations and [_toleration(t) for t in k8s.tolerations],
+                  "affinity": k8s.affinity, "topologySpreadConstraints": k8s.topology_spread_constraints,
+                  # the node's network; its DNS policy so that the JobSet's host names still resolve
+                  "hostNetwork": k8s.host_network, "dnsPolicy": k8s.host_network and "ClusterFirstWithHostNet",
                   "imagePullSecrets": k8s.image_pull_secrets and [{"name": s} for s in k8s.image_pull_secrets],
                   "serviceAccountName": k8s.service_account, "priorityClassName": k8s.priority_class}
     return {**pod, **{key: value for key, value in scheduling.items() if value}}

@@ -11,7 +11,7 @@ from pathlib import Path
 from launcher.plan import TaskPlan, cpu_devices, worker_argv
 from launcher.spec import ClusterSpec, Host
 from worker.host import layout
-from worker.host.env import task_environment
+from worker.host.env import task_environment, visible_devices
 
 JOB_OUT = "job.out"  # the batch jobs' own output (srun's lines), in the run's folder
 
@@ -50,8 +50,7 @@ def common_env(spec: ClusterSpec) -> dict[str, str]:
     """What the launcher gives every task (in layout.ENV): CUDA_VISIBLE_DEVICES and the spec's env. Each task
     builds the rest on its node, with TF_CONFIG or Keras' variables, by the one builder (worker.host.env)."""
     cfg = spec.slurm
-    env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.gpus_per_node == 0 else {}
-    return {**env, **(cfg.env or {})}
+    return {**visible_devices(cfg.gpus_per_node), **(cfg.env or {})}
 
 
 def given(spec: ClusterSpec, run_id: str) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.engines.base import Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink, TaskCheck, parallel
-from launcher.engines.supervised.standbys import Standbys, Training
+from launcher.engines.supervised.standbys import Standbys, Started
 from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnreadable, Transport
 from launcher.plan import TaskPlan, mask_env, plan_tasks
 from worker.host import layout
@@ -72,8 +72,8 @@ class SupervisedEngine(Engine, Launching, Inspecting):
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
         plans = {}
-        if self.spec.launch.standby:
-            sink = Training(sink, lambda i: self.standbys.want(plans[i], attempt + 1))
+        if any(p.warm for p in self.plans):
+            sink = Started(sink, lambda i: self.standbys.want(plans[i], attempt + 1))
 
         def one(plan: TaskPlan) -> None:
             found = self.landed.found_env(plan.index) if self.landed is not None else {}

@@ -27,8 +27,7 @@ from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, T
 from worker.host import layout
 from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
-from worker.task.standby import GO
-from worker.task.supervised import BROKEN
+from worker.protocol import BROKEN, GO
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor

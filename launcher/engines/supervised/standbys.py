@@ -1,6 +1,7 @@
-"""Warm standbys: per task, a supervisor for the next attempt, started once the task trains, whose program
-has already imported Python's and TensorFlow's start (worker.task.standby). A restart begins on it instead
-of starting cold. One that dies is replaced (never a failure of the run); all are stopped with the engine.
+"""Standbys: per task, a supervisor for the next attempt, started once the task has started, holding the task's
+fork server (worker.task.forkserver: Python, the framework and our runner imported). A restart begins on it,
+forked in a second, instead of starting cold. One that dies is replaced (never a failure of the run); all are
+stopped with the engine.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from launcher.plan import TaskPlan
 from worker import protocol
 
 REPLACEMENTS = 3  # per task and run: a standby that keeps dying (a broken environment) is not started again
-START_AFTER_S = 20.0
 CLOSE_WAIT_S = 5.0  # a standby stops in well under a second (TERM, KILL after 0.5 s)
-TRAINS = (protocol.ProgressState.TRAINING, protocol.ProgressState.DONE)
 
 
 class Relay:
@@ -110,7 +109,7 @@ class Standbys:
             if self.now.get(index) is not standby:  # taken, stopped or replaced: no longer this task's
                 return
         if isinstance(event, protocol.Standby):  # pid 0: none now (a program that does not start warm)
-            state = {"pid": event.pid, "ready": event.ready, "rss": event.rss, "attempt": standby.attempt}
+            state = {"pid": event.pid, "ready": event.ready, "memory": event.memory, "attempt": standby.attempt}
             self.told(index, state if event.pid else None)
             return
         if isinstance(event, protocol.Note):  # its core gave up on its program (it kept dying)
@@ -173,29 +172,21 @@ class Standbys:
                 standby.handle.wait(max(0.0, deadline - time.monotonic()))
 
 
-class Training:
-    """An attempt's sink that says once per task when it trains: the time to start its standby, the task's
-    own start-up past (its progress says "training"; a program that writes none: START_AFTER_S after its
-    start). Never after the task ended."""
+class Started:
+    """An attempt's sink that says once per task when it has started: the time to start its standby (which only
+    holds the task's fork server, so it costs the start nothing). Never after the task ended."""
 
-    def __init__(self, sink: Sink, trains: Callable[[int], None]):
-        self.sink, self.trains = sink, trains
-        self.started: dict[int, float] = {}
+    def __init__(self, sink: Sink, started: Callable[[int], None]):
+        self.sink, self.started = sink, started
         self.done: set[int] = set()
 
     def event(self, index: int, event: protocol.Event) -> None:
         self.sink.event(index, event)
-        if index in self.done:
+        if index in self.done or not isinstance(event, (protocol.Started, protocol.Exit, protocol.Lost)):
             return
+        self.done.add(index)
         if isinstance(event, protocol.Started):
-            self.started[index] = time.monotonic()
-        elif isinstance(event, (protocol.Exit, protocol.Lost)):
-            self.done.add(index)
-        elif index in self.started and (
-                isinstance(event, protocol.Progress) and protocol.ProgressState.of(event.progress) in TRAINS
-                or time.monotonic() - self.started[index] >= START_AFTER_S):
-            self.done.add(index)
-            self.trains(index)
+            self.started(index)
 
     def output(self, index: int, lines: list[str], dropped: int) -> None:
         self.sink.output(index, lines, dropped)

@@ -19,8 +19,7 @@ from launcher.plan import TaskPlan
 from worker.host import layout
 from worker.host.files import read_log
 from worker.host.spawn import OWN_GROUP
-from worker.task.standby import GO
-from worker.task.supervised import BROKEN
+from worker.protocol import BROKEN, GO
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -39,7 +38,7 @@ class Handle:
     its attempt (False when that could not be said: its supervisor is gone)."""
 
     def stop(self, broken: bool = False) -> None:
-        """`broken`: see Launching.stop; said as worker.task.supervised.BROKEN before the EOF."""
+        """`broken`: see Launching.stop; said as worker.protocol.BROKEN before the EOF."""
         raise NotImplementedError
 
     def begin(self) -> bool:

@@ -1,0 +1,312 @@
+"""A task's fork server: imports the framework once (TensorFlow with tf_keras, or Keras 3 on JAX) and our runner,
+never the user's code, then forks each attempt's program from itself, so that no attempt, the first one aside,
+pays for those imports. It lives while a task core of its task is connected, and holds no port, device or runtime.
+
+    python -c BOOT worker.task.forkserver NAME [--idle] [--ours MODULE]
+
+Each attempt is forked twice: a reaper (the task core's stand-in, which tells the core the trainer's pid and
+exit status and stops the trainer if the core goes away) and, under it, the trainer, leading its own group, its
+output on the core's pipe. A server that dies takes no attempt with it.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import resource
+import select
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+from worker.host.modules import remembered
+from worker.host.system import child_setup
+from worker.task.program import Program, run_and_exit
+
+READY = b"ready\n"
+MARK = "fork-server"  # its MGPU_ATTEMPT (worker.host.procs): no attempt's sweep stops it, a run's does
+ENV_GROUP = "MGPU_FORK_GROUP"  # "own": its autogroup is its own (an SSH session's), niced with it while idle
+START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
+REQUEST_MAX = 1 << 20
+
+
+def name(run_id: str, index: int | str) -> str:
+    """The server's name, per user, run and task; its address is the abstract one of that name (no file to leave
+    behind). An abstract socket has no permissions, so the server serves only its own user (SO_PEERCRED)."""
+    return f"mgpu-fork/{os.getuid()}/{run_id}/{index}"
+
+
+def address(name: str) -> str:
+    return "\0" + name
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+@dataclass(frozen=True)
+class Request:
+    """An attempt to fork: what it runs, with what environment, where, on which cores, and the signal its trainer
+    gets when its core dies."""
+
+    program: Program
+    env: dict[str, str]
+    cwd: str
+    cpus: tuple[int, ...] | None
+    parent_death: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"program": self.program.encode(), "env": self.env, "cwd": self.cwd,
+                           "cpus": list(self.cpus) if self.cpus else None, "parent_death": self.parent_death}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Request":
+        data = json.loads(raw)
+        env, cpus = data["env"], data["cpus"]
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("not an environment")
+        return cls(Program.decode(data["program"]), env, str(data["cwd"]),
+                   tuple(int(c) for c in cpus) if cpus else None, int(data["parent_death"]))
+
+
+# ---- priority: a server started while its task trains imports on the CPU time the training leaves
+def _autogroup(nice: int) -> None:
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
+
+
+def idle() -> bool:
+    """Import at the idle priority where the trainer forked later can take the normal one back (root, or an
+    RLIMIT_NICE that allows it); in a session of its own (over SSH) its autogroup niced too, as the kernel shares
+    the CPU between sessions first."""
+    try:
+        if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
+            return False
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError, ValueError):
+        return False
+    if os.environ.get(ENV_GROUP) == "own":
+        _autogroup(19)
+    return True
+
+
+def unidle() -> None:
+    if os.environ.get(ENV_GROUP) == "own":
+        _autogroup(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
+
+
+def _imports(ours: str | None) -> None:
+    """What every attempt's start imports; a failure is left for the program itself to meet and tell."""
+    jax = os.environ.get("KERAS_BACKEND") == "jax"
+    try:
+        if jax:
+            import keras  # noqa: F401  (and JAX under it)
+        else:
+            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as the runner sets it, before TensorFlow
+            import tensorflow  # noqa: F401
+        if ours == "worker":
+            importlib.import_module("worker.keras3.runner" if jax else "worker.runner")
+    except Exception:  # noqa: BLE001 (the program's own start will say what is wrong, in its words)
+        pass
+    _remembered()
+
+
+def _remembered() -> None:
+    """The installed modules the task's last attempt imported late (a data loader's): never a user's own."""
+    for module in remembered():
+        try:
+            importlib.import_module(module)
+        except BaseException:  # noqa: BLE001 (one that fails here is imported, or not, as the program does)
+            continue
+    gc.freeze()  # what is imported stays out of every collection: a fork's pages stay shared with the server's
+
+
+# ---- an attempt
+def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> None:
+    """In the reaper (forked from the server): fork the trainer, tell its pid, wait for it, tell its exit status.
+    Its core gone (its end of `link` closed), the trainer gets its parent-death signal, as a cold one would."""
+    os.setpgid(0, 0)  # the trainer's group is stopped alone: its reaper still tells its end
+    trainer = os.fork()
+    if trainer == 0:
+        link.close()
+        _trainer(request, out, idled)
+    os.close(out)
+    try:
+        os.setpgid(trainer, trainer)
+    except OSError:
+        pass  # it set it itself
+    try:
+        link.sendall(f"pid {trainer}\n".encode())
+    except OSError:
+        pass
+    pidfd = os.pidfd_open(trainer)
+    while True:
+        ready = select.select([link, pidfd], [], [])[0]
+        if pidfd in ready:
+            break
+        try:
+            said = link.recv(64)
+        except OSError:
+            said = b""
+        if not said:  # its core went away: what a cold trainer's parent-death signal does
+            try:
+                os.killpg(trainer, request.parent_death)
+            except OSError:
+                pass
+            select.select([pidfd], [], [])
+            break
+    _pid, status = os.waitpid(trainer, 0)
+    try:
+        link.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+    except OSError:
+        pass
+
+
+def _trainer(request: Request, out: int, idled: bool) -> None:
+    """In the trainer: the attempt's process as a cold start makes it, then its program; never returns."""
+    try:
+        os.setpgid(0, 0)
+        setup = child_setup(request.parent_death, list(request.cpus) if request.cpus else None)
+        if setup is not None:
+            setup()  # the reaper's death is its core's: the signal a cold trainer gets then
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        os.environ.clear()
+        os.environ.update(request.env)
+        os.chdir(request.cwd)
+        if idled:
+            unidle()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        if "numpy" in sys.modules:  # seeded from the OS at each cold start: not every attempt the server's state
+            sys.modules["numpy"].random.seed()
+    except BaseException as exc:  # noqa: BLE001 (the attempt's start failed: said in its log, never the server's)
+        os.write(2, f"mgpu fork server: cannot start the attempt: {exc}\n".encode())
+        os._exit(127)
+    run_and_exit(request.program)
+
+
+# ---- the server
+class Server:
+    def __init__(self, listener: socket.socket, idled: bool):
+        self.listener, self.idled = listener, idled
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.clients: set[socket.socket] = set()
+        self.ever = False
+
+    def serve(self) -> None:
+        ready_at = time.monotonic()
+        while self.clients or not self.ever and time.monotonic() - ready_at < START_WAIT_S:
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.fileobj is self.listener:
+                    self.accept()
+                else:
+                    self.heard(key.fileobj)
+            self.reap()
+
+    def accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        if peer(conn)[1] != os.getuid():  # another user's process: never a fork for it
+            conn.close()
+            return
+        if not self.ever:
+            self.ever = True
+            clear = child_setup(0)  # the core that started it may go now: it lives while any core is connected
+            if clear is not None:
+                clear()
+        _remembered()
+        try:
+            conn.sendall(READY)
+        except OSError:
+            conn.close()
+            return
+        self.clients.add(conn)
+        self.selector.register(conn, selectors.EVENT_READ)
+
+    def heard(self, conn: socket.socket) -> None:
+        try:
+            raw, fds, _flags, _addr = socket.recv_fds(conn, REQUEST_MAX, 2)
+        except OSError:
+            raw, fds = b"", []
+        if not raw:
+            self.selector.unregister(conn)
+            self.clients.discard(conn)
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            if len(fds) == 2:
+                self.fork(Request.decode(raw), fds[0], fds[1])
+        except (ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
+            print(f"mgpu fork server: a request refused: {exc}", file=sys.stderr, flush=True)
+        finally:  # the reaper has its own
+            for fd in fds:
+                os.close(fd)
+
+    def fork(self, request: Request, out: int, link: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            try:
+                self.selector.close()
+                self.listener.close()
+                for conn in self.clients:
+                    conn.close()
+                _attempt(request, out, socket.socket(fileno=link), self.idled)
+            finally:
+                os._exit(0)
+
+    @staticmethod
+    def reap() -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+
+def main(argv: list[str]) -> int:
+    name, idled, ours = argv[0], False, None
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(address(name))
+    except OSError:
+        return 0  # one serves this task already
+    listener.listen(16)
+    if "--idle" in argv:
+        idled = idle()
+    if "--ours" in argv[:-1]:
+        ours = argv[argv.index("--ours") + 1]
+    _imports(ours)
+    Server(listener, idled).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
