@@ -18,27 +18,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.run import files, interrupts, phases, record
+from launcher.run import files, interrupts, record
 from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.logs import never_started, show
-from launcher.run.progress import typed
 from launcher.engines import engine_for
 from launcher.errors import HomeError, Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
 from launcher.run.output import Output
 from launcher.specfile import load_spec
 from launcher.engines.base import EngineKind, Inspecting
 from launcher.run.tables import plain, render
+from launcher.run.view import EXITED, snapshot, task_now
 from worker.host import layout, procs
 from worker.host.clock import wait_until
 from worker.host.system import free_space
 from launcher.run.states import RunState, TaskState
-from worker.protocol import EXIT_PREEMPTED
 
 DOWN_WAIT_S = 60.0
 SETTLE_WAIT_S = 5.0
 WATCH_S = 2.0  # status --watch: seconds between frames
 LIVE = (TaskState.PENDING, TaskState.RUNNING)
-EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 
 
 def inspector(run: record.RunRecord) -> Inspecting:
@@ -60,33 +58,15 @@ def inspector(run: record.RunRecord) -> Inspecting:
     return engine
 
 
-def _probe(run: record.RunRecord) -> list:
+def _probe(run: record.RunRecord, engine: Inspecting | None = None) -> list:
+    """What every task's host says now, hosts asked at once (`engine`: one kept open, by `status --watch`)."""
+    if engine is not None:
+        return engine.probe([t.index for t in run.tasks])
     engine = inspector(run)
     try:
         return engine.probe([t.index for t in run.tasks])
     finally:
         engine.close()
-
-
-def _task_state(row: dict) -> TaskState:
-    if row.get("alive"):
-        return TaskState.RUNNING
-    if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
-        return TaskState(row["state"])
-    code = row.get("exit_code")
-    if code is None:
-        return TaskState.LOST
-    return {0: TaskState.SUCCEEDED, EXIT_PREEMPTED: TaskState.PREEMPTED}.get(code, TaskState.FAILED)
-
-
-def _task_now(recorded: TaskState, row: dict | None) -> TaskState:
-    """A task's state from its record and what its host says now: an end the record took from the task's exit
-    report stands (a preempted task killed at the end of its grace has exit code -9 on its host); the host
-    moves a task not known to have exited, or one it sees running."""
-    if not row:
-        return recorded
-    seen = _task_state(row)
-    return recorded if recorded in EXITED and seen != TaskState.RUNNING else seen
 
 
 @dataclass
@@ -112,10 +92,9 @@ def settle(run: record.RunRecord) -> Seen:
         probes = _probe(run)
         for task, res in zip(run.tasks, probes):
             if res.ok:
-                task.state = _task_now(task.state, res.value)
-                task.exit_code = task.exit_code if res.value.get("exit_code") is None else res.value["exit_code"]
+                task.seen(task_now(task.state, res.value), res.value.get("exit_code"))
             elif task.state not in EXITED:
-                task.state = TaskState.LOST
+                task.seen(TaskState.LOST)
         if not any(t.state in LIVE for t in run.tasks):
             _end(run, record.unsaved(run.run_id))
         if owner.save():
@@ -159,70 +138,23 @@ def _end(run: record.RunRecord, note: dict | None) -> None:
         "stopped by their supervisors. The task states above are what their hosts say now.")))
 
 
-def look(run: record.RunRecord, probe: bool = False) -> Seen:
+def look(run: record.RunRecord, probe: bool = False, engine: Inspecting | None = None) -> Seen:
     """A run as `status` sees it now: settled with its hosts when its launcher is gone without recording the
-    end; else probed when asked, and always on Slurm (asking Slurm and a shared folder is cheap)."""
+    end; else probed when asked (`engine`: probed with it), and always on Slurm (asking Slurm and a shared
+    folder is cheap)."""
     if not run.ended and not record.launcher_alive(run):
         return settle(run)
-    if probe or run.engine == EngineKind.SLURM:
-        return Seen(run, _probe(run))
+    if probe or engine is not None or run.engine == EngineKind.SLURM:
+        return Seen(run, _probe(run, engine))
     return Seen(run)
 
 
-def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
-    """The run as `status --json` shows it: its record, merged with what each host says when probed."""
-    now = time.time()
-    until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
-    alive = record.launcher_alive(run)
-    tasks = []
-    for i, t in enumerate(run.tasks):
-        res = probes[i] if probes else None
-        row = res.value if res is not None and res.ok else {}
-        progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
-        state = t.state if run.ended else _task_now(t.state, row)
-        code = row.get("exit_code")
-        tasks.append({
-            "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
-            "state": str(state), "exit_code": t.exit_code if code is None else code,
-            "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-            "step": progress.get("step"), "steps_per_epoch": progress.get("steps_per_epoch"),
-            "global_step": progress.get("global_step"), "loss": progress.get("loss"),
-            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
-            "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
-            "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
-            "heartbeat_age": round(max(0.0, until - progress["time"]), 1) if progress.get("time") else None,
-            "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
-            "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
-            # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
-            "standby": t.standby if not run.ended and alive else None, "warm": t.warm,
-            "error": str(res.error) if res is not None and not res.ok else None,
-        })
-    state = run.state if run.ended or alive else RunState.LOST
-    return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
-            "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
-            "failure": run.failure.to_json() if run.failure else None,
-            "start": run.start.to_json() if run.start else None,  # where its training starts (fresh: run null)
-            "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
-            "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
-                          "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
-                          "started_at": a.started_at, "ended_at": a.ended_at, "phases": phases.told(a)}
-                         for a in run.attempts],
-            "tasks": tasks, "straggler": straggler_json(tasks),
-            # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
-            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}
-
-
-def straggler_json(tasks: list[dict]) -> dict | None:
-    from launcher.diagnose.straggler import find
-
-    found = find({t["index"]: t["compute_ms"] for t in tasks})
-    return found.to_json() if found else None
-
-
 def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
+    """`status`; with `watch`, a frame every WATCH_S until the run ends, each read at one moment: every task's
+    host asked at once (its progress.json, its process), not the record's rows, which arrive seconds apart."""
     out = Output(threaded=False)
     run = record.load(run_id)
-    live = None
+    live = engine = None
     if watch and not as_json and out.console.is_terminal:
         from rich.live import Live
 
@@ -231,7 +163,9 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
     try:
         while True:
             frame_at = time.monotonic()  # a frame every WATCH_S, however long reading the run took
-            seen = look(run, probe)
+            if watch and engine is None and not run.ended and record.launcher_alive(run):
+                engine = inspector(run)  # kept for every frame (one SSH connection per host, not one a frame)
+            seen = look(run, probe, engine)
             run = seen.run
             snap = {**snapshot(run, seen.probes), "unrecorded": seen.unrecorded}
             if as_json:
@@ -249,6 +183,8 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             time.sleep(max(0.0, frame_at + WATCH_S - time.monotonic()))
             run = record.load(run.run_id)
     finally:
+        if engine is not None:
+            engine.close()
         if live is not None:
             live.stop()
 
@@ -308,7 +244,7 @@ def _down(run: record.RunRecord) -> None:
         problems = [f"{engine.plan[t.index].label}: {r.error}" for t, r in zip(run.tasks, results) if not r.ok]
         for t in run.tasks:
             if t.state in LIVE:  # one we could not reach may still run
-                t.state = TaskState.LOST if t.index in unreached else TaskState.STOPPED
+                t.ended(TaskState.LOST if t.index in unreached else TaskState.STOPPED, time.time())
         if not run.ended:
             words = stop_words([str(t.index) for t in run.tasks if t.index not in unreached],
                                [engine.plan[i].label for i in unreached], engine.spec.launch.lifeline)

@@ -22,7 +22,8 @@ from conftest import DIGITS, IN_CI, Cli, free_port, status_json, wait_for, write
 CHROMIUM = "/usr/bin/chromium"
 MARKUP = "<img src=x onerror=document.title='pwned'>.toml"  # a spec's file name
 SERIES = ["mgpu_task_step", "mgpu_task_samples_per_second", "mgpu_task_heartbeat_age_seconds",
-          "mgpu_task_compute_ms", "mgpu_task_wait_ms", "mgpu_task_up"]
+          "mgpu_task_compute_ms", "mgpu_task_wait_ms", "mgpu_task_up", "mgpu_task_epoch", "mgpu_task_loss",
+          "mgpu_task_cpu_percent", "mgpu_task_memory_bytes"]
 
 
 @contextlib.contextmanager
@@ -201,6 +202,8 @@ def test_metrics_of_a_live_run_hold_every_series_per_task_with_steps_increasing(
             assert (name, labels) in first and (name, labels) in second, (name, task, sorted(first))
         assert second[("mgpu_task_step", labels)] > first[("mgpu_task_step", labels)], (first, second)
         assert second[("mgpu_task_up", labels)] == 1.0
+        assert second[("mgpu_task_state", (("run", run), ("state", "running"), ("task", task)))] == 1.0
+    assert second[("mgpu_run_state", (("run", run), ("state", "running")))] == 1.0
     for name in ("mgpu_run_restarts_total", "mgpu_run_preemptions_total"):
         assert second[(name, (("run", run),))] == 0.0
 

@@ -1,5 +1,6 @@
 """`status --watch` as a person sees it: frames read from a real terminal (a pty of 80 and of 160 columns)
-while a real digits run trains."""
+while a real digits run trains: the same columns in every frame, `starting` until a task's first step, and
+both tasks of one frame read at one moment."""
 
 from __future__ import annotations
 
@@ -108,7 +109,13 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
               for cols, term in terms.items()}
     assert codes == {80: 0, 160: 0}, frames
     for cols, seen in frames.items():
-        assert table(seen[-1][1])[0]["state"] == "stopped", seen[-1]  # the last frame: the run's end
+        assert seen[-1][1][0].endswith(": stopped"), seen[-1]  # the last frame: the run's end
+        headers = {tuple(table(lines)[0]) for _, lines in seen}
+        assert len(headers) == 1, (cols, headers)  # chosen from the width alone, never from what the cells hold
+        for task in (0, 1):  # `starting` (importing, joining the group) until its first step, then never again
+            states = [table(lines)[task]["state"] for _, lines in seen]
+            trained = next(n for n, (_, lines) in enumerate(seen) if table(lines)[task]["samples/s"])
+            assert "starting" in states[:trained] and "starting" not in states[trained:], (cols, task, states)
         for _, lines in seen:
             assert all(len(line) <= cols for line in lines), (cols, lines)
             rows = table(lines)
@@ -132,3 +139,7 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
         assert any(all(x["step"] != y["step"] and x["samples/s"] != y["samples/s"] for x, y in zip(a, b))
                    for a, b in pairs), (cols, pairs)
         assert any(re.fullmatch(r"([1-9]|1\d|2[01])/22", row["step"]) for _, rows in seen for row in rows), seen
+        # the two tasks train in lockstep: read at one moment they are within a few steps, never an epoch apart
+        steps = [[(int(r["epoch"].split("/")[0]) - 1) * 22 + int(r["step"].split("/")[0]) for r in rows]
+                 for _, rows in seen]
+        assert all(abs(a - b) <= 11 for a, b in steps), (cols, steps)

@@ -1,19 +1,25 @@
 """What the dashboard shows, read from the run records at every request (kept only what an ended run's
-unchanged files gave): the runs as `ls` lists them, a run as `status --json` shows it, its charts' data as
-`report` draws it (launcher.diagnose.series), the bounded tail of each task's log, and its live tasks' stacks."""
+unchanged files gave): the runs as `ls` lists them, a run as `status --json` shows it (with the spec it ran,
+secrets masked), its charts' data as `report` draws it (launcher.diagnose.series, the start-up compressed as
+there), the bounded tail of each task's log as `up` shows it, and its live tasks' stacks."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import tomllib
 
 from launcher import listing, runs
 from launcher.engines.base import parallel
-from launcher.errors import RunNotFound
+from launcher.errors import MgpuError, RunNotFound
 from launcher.home import RUN_ID
-from launcher.run import record
+from launcher.plan import mask_env
+from launcher.run import files, record
 from launcher.run.logs import Lines, screen, unreadable
+from launcher.run.screen import is_noise
 from launcher.run.states import RunState
+from launcher.run.view import snapshot
 
 LIVE = {s.value for s in RunState if not s.ended}  # the states of a run /metrics watches
 RUNS_SHOWN = 500  # the runs page lists the newest; `mgpu-cluster ls` lists every run
@@ -48,9 +54,64 @@ def status(run_id: str) -> dict:
     """The run as `status --json` shows it (a run whose launcher is gone is settled with its hosts, as there)."""
     seen = runs.look(record.load(checked(run_id)))
     run = seen.run
-    return {**runs.snapshot(run, seen.probes), "unrecorded": seen.unrecorded, "refused": listing.refused(run),
+    snap = snapshot(run, seen.probes)
+    return {**snap, "unrecorded": seen.unrecorded, "refused": listing.refused(run),
             "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at,
-            "start_said": run.start.words() if run.start else None}  # as `up` told it
+            "start_said": run.start.words() if run.start else None,  # as `up` told it
+            "final": final(snap) if run.ended else None, "spec_text": spec_text(run.run_id)}
+
+
+def final(snap: dict) -> dict | None:
+    """An ended run's last figures, as its tasks' progress gave them (`status --json`'s fields; loss and metrics
+    are all-reduced, the same on every task: the lowest task's)."""
+    t = next((t for t in snap["tasks"] if t["epoch"]), None)
+    if t is None:
+        return None
+    return {"task": t["index"], "epoch": t["epoch"], "epochs": t["epochs"], "loss": t["loss"],
+            "metrics": t["metrics"], "samples_per_sec": t["samples_per_sec"]}
+
+
+def spec_text(run_id: str) -> str | None:
+    """The spec the run ran (the copy it keeps) as TOML, every value whose name looks secret masked (mask_env,
+    as `--dry-run` masks a task's env); None where the copy cannot be read."""
+    try:
+        spec = tomllib.loads(files.read_file(record.run_path(run_id) / "spec.toml").decode())
+    except (OSError, MgpuError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return "\n".join(_toml(_masked(spec))).strip() + "\n"
+
+
+def _masked(value):
+    if isinstance(value, dict):
+        texts = mask_env({k: v for k, v in value.items() if isinstance(v, str)})
+        return {k: texts.get(k) if isinstance(v, str) else _masked(v) for k, v in value.items()}
+    return [_masked(v) for v in value] if isinstance(value, list) else value
+
+
+def _toml(table: dict, name: str = "") -> list[str]:
+    """A parsed TOML document as TOML again: values first, then its tables and arrays of tables."""
+    def key(k: str) -> str:
+        return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else json.dumps(k)
+
+    def value(v) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v) if isinstance(v, str) else str(v)
+
+    def tables(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines = [f"{key(k)} = {value(v)}" for k, v in table.items() if not isinstance(v, dict) and not tables(v)]
+    for k, v in table.items():
+        path = f"{name}.{key(k)}" if name else key(k)
+        if isinstance(v, dict):
+            lines += ["", f"[{path}]", *_toml(v, path)]
+        elif tables(v):
+            for item in v:
+                lines += ["", f"[[{path}]]", *_toml(item, path)]
+    return lines
 
 
 def series(run_id: str) -> dict:
@@ -68,8 +129,11 @@ def series(run_id: str) -> dict:
         return drawn
     if live is not None and time.monotonic() < due:
         return live
+    from launcher.diagnose.report import knots, trained
+
     started = time.monotonic()
     drawn = made.load(folder)
+    drawn["axis"] = knots(drawn["startups"], drawn["until"]) if trained(drawn) else None  # as the PNG's
     with _lock:
         if drawn.get("end") is not None:
             while len(_drawn) >= DRAWN_KEPT:
@@ -97,8 +161,9 @@ def _stat(path) -> tuple | None:
 
 
 def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[dict]:
-    """The last `tail` lines of each task's log as a terminal shows them (screen()), or the paragraph that says
-    why it cannot be read."""
+    """The last `tail` lines of each task's log as a terminal shows them (screen()), without TensorFlow's start-up
+    chatter as `up` hides it (`hidden`: how many of those lines), or the paragraph that says why it cannot be
+    read."""
     run = record.load(checked(run_id))
     if not run.attempts:
         return [{"index": t.index, "host": t.host, "lines": [], "error": "not started yet"} for t in run.tasks]
@@ -109,7 +174,8 @@ def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[dict]:
         tails = []
         for i, res in zip(indices, read):
             lines = [screen(x, LINE_CHARS) for x in Lines().feed(res.value[0], final=True)[-tail:]] if res.ok else []
-            tails.append({"index": i, "host": run.task(i).host, "lines": lines,
+            shown = [x for x in lines if not is_noise(x)]
+            tails.append({"index": i, "host": run.task(i).host, "lines": shown, "hidden": len(lines) - len(shown),
                           "error": None if res.ok else unreadable(run, engine, i, res.error)})
         return tails
     finally:

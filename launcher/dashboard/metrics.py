@@ -9,10 +9,17 @@ from prometheus_client.registry import Collector
 
 from launcher.dashboard import data
 from launcher.errors import MgpuError
-from launcher.run.states import TaskState
+from launcher.run.view import STARTING
+from launcher.run.states import RunState, TaskState
+
+TASK_STATES = [STARTING, *(s.value for s in TaskState)]  # as `status --json` shows them (launcher.run.view.shown_state)
 
 TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs)."),
+    "mgpu_task_epoch": ("epoch", "The epoch the task trains (or ended at), counted from 1."),
+    "mgpu_task_loss": ("loss", "The task's loss: the mean over every replica's batches of its epoch so far."),
+    "mgpu_task_cpu_percent": ("cpu_percent", "CPU use of the task's training process (100 = one core)."),
+    "mgpu_task_memory_bytes": ("rss", "Resident memory of the task's training process and its children."),
     "mgpu_task_samples_per_second": ("samples_per_sec", "Training throughput of the task's group, its epoch so far: "
                                      "samples trained / seconds spent training them (no validation or saves)."),
     "mgpu_task_heartbeat_age_seconds": ("heartbeat_age", "Seconds since the task's progress last changed."),
@@ -27,7 +34,12 @@ class RunsCollector(Collector):
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task"])
                   for name, (_, help_) in TASK_GAUGES.items()}
-        up = GaugeMetricFamily("mgpu_task_up", "1 while the task's state is running, else 0.", labels=["run", "task"])
+        up = GaugeMetricFamily("mgpu_task_up", "1 while the task's process runs (state starting or running), else 0.",
+                               labels=["run", "task"])
+        task_state = GaugeMetricFamily("mgpu_task_state", "1 for the task's state now (as `status` shows it), 0 for "
+                                       "the others.", labels=["run", "task", "state"])
+        run_state = GaugeMetricFamily("mgpu_run_state", "1 for the run's state now, 0 for the others.",
+                                      labels=["run", "state"])
         restarts = CounterMetricFamily("mgpu_run_restarts", "Restarts of the run after failures.", labels=["run"])
         preemptions = CounterMetricFamily("mgpu_run_preemptions", "Restarts of the run after preemptions.",
                                           labels=["run"])
@@ -37,14 +49,18 @@ class RunsCollector(Collector):
             except MgpuError:  # removed or damaged meanwhile: `ls` says so; a scrape goes on with the others
                 continue
             restarts.add_metric([run_id], snap["restarts"])
+            for state in RunState:
+                run_state.add_metric([run_id, state.value], 1.0 if snap["state"] == state.value else 0.0)
             preemptions.add_metric([run_id], snap["preemptions"])
             for task in snap["tasks"]:
                 labels = [run_id, str(task["index"])]
-                up.add_metric(labels, 1.0 if task["state"] == TaskState.RUNNING.value else 0.0)
+                up.add_metric(labels, 1.0 if task["state"] in (STARTING, TaskState.RUNNING.value) else 0.0)
+                for state in TASK_STATES:
+                    task_state.add_metric([*labels, state], 1.0 if task["state"] == state else 0.0)
                 for name, (field, _) in TASK_GAUGES.items():
                     if task.get(field) is not None:  # unknown yet: no sample, as Prometheus expects
                         gauges[name].add_metric(labels, float(task[field]))
-        yield from (*gauges.values(), up, restarts, preemptions)
+        yield from (*gauges.values(), up, task_state, run_state, restarts, preemptions)
 
 
 def exposition() -> bytes:

@@ -36,22 +36,31 @@ def refused_words(data: dict) -> str:
             f"there is nothing to draw. 'mgpu-cluster status {rid}' tells why.")
 
 
-def squeeze(startups: list[dict], until: float | None):
-    """(forward, inverse) for a time axis that draws the start-ups in STARTUP_SHARE of [0, until] together and
-    the rest to scale (piecewise linear); None where they take no more than that share anyway."""
+def knots(startups: list[dict], until: float | None) -> tuple[list[float], list[float]] | None:
+    """The time axis that draws the start-ups in STARTUP_SHARE of [0, until] together and the rest to scale, as
+    the knots (times, positions) of a piecewise linear map; None where they take no more than that share anyway.
+    The PNG (squeeze) and the live page's charts both draw with it."""
     spans = [(s["start"], min(s["end"], until)) for s in startups if until and s["start"] < min(s["end"], until)]
     taken = sum(b - a for a, b in spans)
     if not spans or taken >= until or taken <= STARTUP_SHARE * until:
         return None
-    import numpy as np
-
     slow, fast = STARTUP_SHARE * until / taken, (1 - STARTUP_SHARE) * until / (until - taken)
     ts, xs = [-until, 0.0], [-until * fast, 0.0]  # knots; past both ends the axis goes on to scale
     for a, b in spans:
         if a > ts[-1]:
             ts, xs = ts + [a], xs + [xs[-1] + (a - ts[-1]) * fast]
         ts, xs = ts + [b], xs + [xs[-1] + (b - a) * slow]
-    ts, xs = ts + [until, 3 * until], xs + [until, 3 * until]
+    return ts + [until, 3 * until], xs + [until, 3 * until]
+
+
+def squeeze(startups: list[dict], until: float | None):
+    """(forward, inverse) of knots()' time axis (piecewise linear); None where it has none."""
+    found = knots(startups, until)
+    if found is None:
+        return None
+    import numpy as np
+
+    ts, xs = found
     return (lambda t: np.interp(np.asarray(t, dtype=float), ts, xs),
             lambda x: np.interp(np.asarray(x, dtype=float), xs, ts))
 
@@ -84,10 +93,14 @@ def _wrap(paragraph: str) -> list[str]:
     return lines
 
 
+def trained(data: dict) -> bool:
+    """Whether the run trained: else start-up is all there is to see, drawn to scale."""
+    return bool(data["group"]["within"] or data["group"]["epochs"])
+
+
 def _squeezed(data: dict):
-    """The time axis' squeeze() where the run trained (else start-up is all there is to see)."""
-    trained = data["group"]["within"] or data["group"]["epochs"]
-    return squeeze(data["startups"], data["until"]) if trained else None
+    """The time axis' squeeze() where the run trained."""
+    return squeeze(data["startups"], data["until"]) if trained(data) else None
 
 
 def _title(data: dict) -> str:

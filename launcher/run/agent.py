@@ -143,7 +143,7 @@ class Agent:
         if not gone or len(left) < min_hosts:
             return False
         for i in gone:
-            self.run.task(i).state = TaskState.LOST
+            self.run.task(i).left_out()
             self.run.hosts_lost.append(i)
             self.out.say(f"{watch.label(self.run, i)} is left out: {answers[i].error}")
         ended.outcome = Outcome.SHRUNK
@@ -161,10 +161,8 @@ class Agent:
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
         self.marks, self.carried = phases.Phases(run.attempts[-1], self.carried, phases.reached(run)), {}
         for i in tasks:
-            t = run.task(i)
-            t.state, t.exit_code, t.pid, t.create_time = TaskState.PENDING, None, None, None
-            t.heartbeat, t.progress, t.proc_status, t.attempt = None, None, None, number
-        run.phases.setdefault("spawn_started", time.time())
+            run.task(i).begin(number)
+        run.mark("spawn_started")
         self.owner.save()
         live = self.current = LiveAttempt(number, tasks)
         self.marks.spawning()
@@ -173,13 +171,13 @@ class Agent:
         failure = None
         for i, why in sorted(not_started.items()):  # every host's outcome: one must not hide another
             live.give_up(i)
-            run.task(i).state = TaskState.FAILED
+            run.task(i).failed()
             failure = failure or watch.task_failure(run, live, i, FailureKind.NOT_STARTED,
                                                     f"could not be started: {why}")
         self.owner.save()
         failure = failure or self.follow(live)
         if failure is None and live.preempted_at is None:
-            run.phases.setdefault("end", time.time())
+            run.mark("end")
             return self.end_attempt(Outcome.SUCCEEDED, None)
         return self.conclude(live, failure)
 
@@ -207,7 +205,7 @@ class Agent:
             if self.run.state == RunState.STARTING and live.all_started:
                 self.marks.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
                 self.run.set_state(RunState.RUNNING)
-                self.run.phases.setdefault("all_started", time.time())
+                self.run.mark("all_started")
                 self.owner.save()
             if not live.live:  # all ended, none failed or was preempted
                 return None
@@ -274,8 +272,7 @@ class Agent:
     def end_attempt(self, outcome: Outcome, reason: str | None, failure: Failure | None = None) -> Attempt:
         """The current attempt's record, ended (once: a later call leaves it as it was)."""
         current = self.run.attempts[-1]
-        if current.ended_at is None:
-            current.ended_at, current.outcome, current.reason, current.failure = time.time(), outcome, reason, failure
+        if current.end(outcome, reason, failure):
             self.carried = self.marks.ended(current.ended_at)  # what the next attempt's phases take from its end
             self.owner.save()
         return current

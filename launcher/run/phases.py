@@ -69,9 +69,10 @@ class Phases:
         self.told: int | None = None if told is None else int(told)  # the last epoch whose line reached us
         self.told_before = self.told  # (or the epoch before the run's first)
         self.attempt, self.reached = attempt, max(reached_step, int(carried.get("reached_step", 0)))
-        attempt.phases.update(carried)  # detected_s, teardown_s, failed_at and reached_step of the attempt before
+        for name, value in carried.items():  # detected_s, teardown_s, failed_at and reached_step of the attempt before
+            attempt.measured(name, value)
         if "reached_step" in carried:
-            attempt.phases["reached_step"] = self.reached
+            attempt.measured("reached_step", self.reached)
             self.mark("reached_step", "reached_step" in guessed and self.reached > reached_step)
         self.spawn_at: float | None = None
         self.started_at: float | None = None
@@ -86,10 +87,7 @@ class Phases:
         """Phase `name` is an estimate (or measured) from now on."""
         ph = self.attempt.phases
         names = [n for n in ph.get(ESTIMATED, []) if n != name] + ([name] if estimate else [])
-        if names:
-            ph[ESTIMATED] = names
-        else:
-            ph.pop(ESTIMATED, None)
+        self.attempt.measured(ESTIMATED, names)
 
     def failed(self, run: RunRecord, index: int | None, ev: protocol.Event | None) -> None:
         """A task's end failed the attempt (or gave notice; `ev` None: a hang or a silence): the first one counts."""
@@ -157,8 +155,8 @@ class Phases:
         """Every task started, `warm` of them from their standbys."""
         if self.spawn_at is not None and self.started_at is None:
             self.started_at = now
-            self.attempt.phases["spawn_s"] = seconds(self.spawn_at, now)
-            self.attempt.phases["warm_tasks"] = warm
+            self.attempt.measured("spawn_s", seconds(self.spawn_at, now))
+            self.attempt.measured("warm_tasks", warm)
 
     def progress(self, progress: dict, now: float) -> Mark | None:
         """A progress record: the mark it is, if any. Its first trained step records first_step_s and, after
@@ -174,16 +172,17 @@ class Phases:
         at = progress.get("first_step_at")  # the task's own time of its first step (the record is read later)
         start = self.started_at or self.spawn_at or now
         at = min(max(at, start), now) if isinstance(at, (int, float)) else now
-        ph["first_step_s"] = seconds(start, at)
+        self.attempt.measured("first_step_s", seconds(start, at))
         if "failed_at" in ph:
-            ph["took_s"] = seconds(ph["failed_at"], at)
+            self.attempt.measured("took_s", seconds(ph["failed_at"], at))
         self.first_epoch(step(progress, "first_epoch"))
         if self.attempt.number > 0 and "first_global_step" in progress:  # a script of its own may not say
-            ph["resumed_step"] = step(progress, "first_global_step")
+            self.attempt.measured("resumed_step", step(progress, "first_global_step"))
             if "reached_step" in ph and ph["resumed_step"] >= self.reached:  # it got as far as it saved: measured
-                self.reached = ph["reached_step"] = ph["resumed_step"]
+                self.reached = ph["resumed_step"]
+                self.attempt.measured("reached_step", self.reached)
                 self.mark("reached_step", False)
-            ph["steps_redone"] = max(0, self.reached - ph["resumed_step"])
+            self.attempt.measured("steps_redone", max(0, self.reached - ph["resumed_step"]))
             self.mark("steps_redone", estimated(ph, "reached_step"))
             if self.points:  # (a record with a time: its first step is one of them)
                 self.back((ph["resumed_step"] + 1, at), self.points[-1])
@@ -195,7 +194,7 @@ class Phases:
         if not epoch:
             return
         if self.attempt.number > 0 and self.told_before is not None and self.told_before + 1 < epoch:
-            self.attempt.phases[UNPRINTED] = list(range(self.told_before + 1, epoch))
+            self.attempt.measured(UNPRINTED, list(range(self.told_before + 1, epoch)))
         self.told = max(self.told or 0, epoch - 1)
 
     def back(self, before: tuple[float, float] | None, now: tuple[float, float]) -> Mark | None:
@@ -208,7 +207,7 @@ class Phases:
             return None
         (g0, t0), (g1, t1) = before or now, now
         at = t0 if g0 >= self.reached else t0 + (self.reached - g0) / (g1 - g0) * (t1 - t0)  # g0 < reached <= g1
-        ph["back_s"] = seconds(ph["failed_at"], at)
+        self.attempt.measured("back_s", seconds(ph["failed_at"], at))
         self.mark("back_s", g0 < self.reached < g1 or estimated(ph, "reached_step"))
         return Mark.BACK
 

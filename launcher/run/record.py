@@ -55,8 +55,48 @@ class TaskRecord:
     rss: int | None = None
     proc_status: str | None = None
     env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
-    standby: dict | None = None  # its warm standby now: {pid, ready, rss, attempt} (launcher.engines.supervised)
-    warm: bool = False  # its attempt started from a standby
+    standby: dict | None = None  # its standby now: {pid, ready, memory, attempt} (launcher.engines.supervised)
+    warm: bool = False  # its attempt was forked from a fork server whose imports were done
+
+    # ---- its transitions: the only writers of its state and of its process's identity and times
+    def begin(self, attempt: int) -> None:
+        """A new attempt of the group: pending, nothing of the last attempt's process or progress kept."""
+        self.state, self.exit_code, self.pid, self.create_time = TaskState.PENDING, None, None, None
+        self.heartbeat, self.progress, self.proc_status, self.attempt = None, None, None, attempt
+
+    def started(self, pid: int, create_time: float, supervisor_pid: int, warm: bool, host: str, port: int,
+                now: float) -> None:
+        """Its process started (host and port: where a scheduler put it, if it says); pending becomes running,
+        and a late report never undoes an end."""
+        self.pid, self.create_time, self.supervisor_pid, self.warm = pid, create_time, supervisor_pid, warm
+        self.host, self.port = host or self.host, port or self.port
+        if self.state == TaskState.PENDING:
+            self.state, self.started_at = TaskState.RUNNING, now
+
+    def ended(self, state: TaskState, now: float, code: int | None = None) -> None:
+        """Its end, as `state` (launcher.run.states.end_state decides which), with its exit code where it told one."""
+        self.state, self.ended_at = state, now
+        if code is not None:
+            self.exit_code = code
+
+    def failed(self) -> None:
+        """Its attempt failed because of it (hung, silent, not started): its end comes with the group's stop."""
+        self.state = TaskState.FAILED
+
+    def seen(self, state: TaskState, code: int | None = None) -> None:
+        """What its host says of it now (`status` of a run whose launcher is gone, `down`)."""
+        self.state = state
+        if code is not None:
+            self.exit_code = code
+
+    def left_out(self) -> None:
+        """An elastic run goes on without it: its host no longer answers."""
+        self.state = TaskState.LOST
+
+    def stopped_unless_ended(self) -> None:
+        """After a teardown no task is pending or running."""
+        if self.state in (TaskState.PENDING, TaskState.RUNNING):
+            self.state = TaskState.STOPPED
 
 
 @dataclass
@@ -72,6 +112,17 @@ class Attempt:
     # reached_step (the attempt before's), resumed_step, steps_redone; lists: estimated (the names of those that
     # are estimates), epochs_unprinted (saved before a restart, their lines never told) (launcher.run.phases)
     phases: dict[str, float | list[str] | list[int]] = field(default_factory=dict)
+
+    def end(self, outcome: AttemptOutcome, reason: str | None, failure: Failure | None) -> bool:
+        """Its end, once: False where it had ended already (a later call leaves it as it was)."""
+        if self.ended_at is not None:
+            return False
+        self.ended_at, self.outcome, self.reason, self.failure = time.time(), outcome, reason, failure
+        return True
+
+    def measured(self, name: str, value: float | list[str] | list[int]) -> None:
+        """One of its phases (launcher.run.phases computes them; this is where they are kept)."""
+        self.phases[name] = value
 
 
 @dataclass
@@ -123,6 +174,14 @@ class RunRecord:
         if state.ended:  # its launcher stops them as it exits (the engine's close)
             for t in self.tasks:
                 t.standby = None
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """When the run's phase `phase` began: its first time only."""
+        self.phases.setdefault(phase, time.time() if at is None else at)
+
+    def took(self, phase: str, seconds: float) -> None:
+        """How long the run's phase `phase` took (the preflight)."""
+        self.phases[phase] = round(seconds, 3)
 
     def set_start(self, start: StartPoint) -> None:
         """Where the run starts, as its preflight found it: set once (its restarts resume its own backup)."""

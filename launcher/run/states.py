@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from worker.protocol import EXIT_PREEMPTED
+
 
 class TaskState(str, enum.Enum):
     PENDING = "pending"
@@ -44,3 +46,21 @@ class RunState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+
+def end_state(current: TaskState, code: int | None, notice: bool, lost: bool = False,
+              stopping: bool = False) -> TaskState:
+    """The one rule for how a task ended: its exit `code` (None: its supervisor was lost), whether it had notice
+    (a host or scheduler taking the machine, or a peer's: preempted, saved or not), and whether the launcher was
+    stopping it (then a pending or running task is stopped, or lost where its supervisor went away; a failed or
+    preempted one stays so)."""
+    if not lost and (notice or code == EXIT_PREEMPTED):
+        return TaskState.PREEMPTED
+    if stopping:
+        if current in (TaskState.PENDING, TaskState.RUNNING):
+            return TaskState.LOST if lost and current == TaskState.RUNNING else TaskState.STOPPED
+        return current
+    if lost:
+        return TaskState.LOST
+    return TaskState.SUCCEEDED if code == 0 else TaskState.FAILED

@@ -1,8 +1,8 @@
 """The tables a person reads: preflight checks, the end-of-run summary, `status`.
 
 On a terminal they fit its width (80 columns included) by dropping the least useful columns, and `status`
-names the ones it dropped; states and task names are never cut. Not on a terminal, `status` prints plain
-columns.
+names the ones it dropped; states and task names are never cut. `status` chooses its columns from the width
+alone, so a `--watch` frame never swaps them as values grow. Not on a terminal, it prints plain columns.
 """
 
 from __future__ import annotations
@@ -141,15 +141,39 @@ def summary(run: RunRecord, width: int = 80) -> Table:
     return table
 
 
-# what a person watching needs first (priority 0-1) stays on 80 columns; the rest goes first, named below the table
-STATUS_COLUMNS = [("task", 0, 4), ("host", 3, 8), ("pid", 4, 5), ("state", 0, 9), ("epoch", 1, 5),
-                  ("step", 1, 5), ("loss", 2, 6), ("heartbeat", 1, 9), ("samples/s", 1, 9), ("cpu%", 5, 4),
+# (name, priority, width): what a person watching needs first (priority 0-2) stays on 80 columns; the rest goes
+# first, named below the table. Each column has its width whatever it holds (a longer value folds in its cell).
+STATUS_COLUMNS = [("task", 0, 4), ("host", 3, 21), ("pid", 4, 7), ("state", 0, 9), ("epoch", 1, 9),
+                  ("step", 1, 9), ("loss", 2, 7), ("heartbeat", 1, 10), ("samples/s", 1, 9), ("cpu%", 5, 5),
                   ("rss MB", 5, 6)]
+
+
+def fixed(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
+    """A table of the columns (name, priority: lower is kept longer, width) that fit `width`, chosen from the
+    widths alone: the same columns at a width whatever the rows hold."""
+    chosen, used = [], 1  # a table's left border
+    for i in sorted(range(len(columns)), key=lambda i: columns[i][1]):
+        need = columns[i][2] + 3  # padding and a border
+        if used + need <= width or not chosen:
+            chosen.append(i)
+            used += need
+    chosen.sort()
+    table = Table(title=title, title_justify="left")
+    for i in chosen:
+        table.add_column(columns[i][0], width=columns[i][2], no_wrap=columns[i][1] == 0, overflow="fold")
+    for r in rows:  # as plain text: a host named 'gpu[a100]' is no markup
+        table.add_row(*(Text(r[i]) for i in chosen))
+    return table
 
 
 def _of(done, total) -> str:
     """`3/22`, or `3` when the total is not known; blank before the first epoch (starting)."""
     return "" if done is None else f"{done}/{total}" if total else str(done)
+
+
+def _age(seconds: float | None) -> str:
+    """`6.2 s ago`, `1234 s ago`: within its column's width."""
+    return "" if seconds is None else f"{seconds:.1f} s ago" if seconds < 100 else f"{seconds:.0f} s ago"
 
 
 def status_rows(snap: dict) -> list[list[str]]:
@@ -159,14 +183,14 @@ def status_rows(snap: dict) -> list[list[str]]:
         rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"],
                      _of(t["epoch"], t["epochs"]) if begun else "",
                      _of(t["step"], t.get("steps_per_epoch")) if begun else "",
-                     _num(t["loss"], "{:.4f}"), _num(t["heartbeat_age"], "{} s ago"),
+                     _num(t["loss"], "{:.4f}"), _age(t["heartbeat_age"]),
                      _num(t["samples_per_sec"], "{:.0f}"), _num(t["cpu_percent"]),
                      _num(t["rss"] and t["rss"] // 2**20)])
     return rows
 
 
 def status_table(snap: dict, width: int) -> Table:
-    return fit(STATUS_COLUMNS, status_rows(snap), width, f"run {snap['run_id']}: {snap['state']}")
+    return fixed(STATUS_COLUMNS, status_rows(snap), width, f"run {snap['run_id']}: {snap['state']}")
 
 
 def left_out(table: Table, width: int) -> str | None:

@@ -11,7 +11,7 @@ from launcher.engines.base import Inspecting, Launching, Result
 from launcher.run import watch
 from launcher.run.attempt import LiveAttempt
 from launcher.run.record import RunRecord
-from launcher.run.states import TaskState
+from launcher.run.states import TaskState, end_state
 from worker import protocol
 
 SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
@@ -32,14 +32,12 @@ def collect(run: RunRecord, live: LiveAttempt, seconds: float, say: Say) -> None
         if index not in live.live:
             continue
         task = run.task(index)
-        if isinstance(ev, (protocol.Exit, protocol.Lost)):
+        if isinstance(ev, protocol.Exit):
             live.saw_end(index)
-            task.exit_code, task.ended_at = getattr(ev, "code", None), time.time()
-            if isinstance(ev, protocol.Exit) and (ev.notice or ev.code == protocol.EXIT_PREEMPTED):
-                task.state = TaskState.PREEMPTED
-            elif task.state in (TaskState.PENDING, TaskState.RUNNING):  # one stopped before it started: stopped
-                lost = isinstance(ev, protocol.Lost) and task.state == TaskState.RUNNING
-                task.state = TaskState.LOST if lost else TaskState.STOPPED
+            task.ended(end_state(task.state, ev.code, bool(ev.notice), stopping=True), time.time(), ev.code)
+        elif isinstance(ev, protocol.Lost):
+            live.saw_end(index)
+            task.ended(end_state(task.state, None, False, lost=True, stopping=True), time.time())
         elif isinstance(ev, protocol.Started):
             watch.apply(run, live, index, ev)
         elif isinstance(ev, protocol.Note):
@@ -62,8 +60,7 @@ def teardown(engine: Launching, run: RunRecord, live: LiveAttempt, reason: str, 
         say(f"tasks {stuck} did not confirm their stop; stopping them from their folders")
         for index, res in zip(stuck, from_folders(engine, stuck)):
             live.give_up(index)
-            task = run.task(index)
-            task.state, task.ended_at = (TaskState.STOPPED if res.ok else TaskState.LOST), time.time()
+            run.task(index).ended(TaskState.STOPPED if res.ok else TaskState.LOST, time.time())
             if not res.ok:  # an unreachable host must not end the teardown
                 unreached.append(index)
                 say(f"{watch.label(run, index)} could not be stopped: {res.error}")
@@ -83,7 +80,7 @@ def settle(run: RunRecord, live: LiveAttempt, reason: str, grace: float, say: Sa
     collect(run, live, grace + SLACK_S, say)
     for index in live.live:
         live.give_up(index)
-        run.task(index).state = TaskState.STOPPED
+        run.task(index).ended(TaskState.STOPPED, time.time())
         say(f"{watch.label(run, index)} sent no exit report ({reason})")
     stopped_the_rest(run, live)
 
@@ -91,6 +88,4 @@ def settle(run: RunRecord, live: LiveAttempt, reason: str, grace: float, say: Sa
 def stopped_the_rest(run: RunRecord, live: LiveAttempt) -> None:
     """After a teardown no task of the attempt is pending or running."""
     for index in live.tasks:
-        task = run.task(index)
-        if task.state in (TaskState.PENDING, TaskState.RUNNING):
-            task.state = TaskState.STOPPED
+        run.task(index).stopped_unless_ended()

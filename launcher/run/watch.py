@@ -14,7 +14,7 @@ from launcher.run.cause import unhealthy
 from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name
 from launcher.run.progress import typed
 from launcher.run.record import RunRecord
-from launcher.run.states import TaskState
+from launcher.run.states import TaskState, end_state
 from launcher.spec import Launch
 from worker import protocol
 from worker.host import layout
@@ -51,11 +51,7 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
     live.heard[index] = time.monotonic()
     if isinstance(ev, protocol.Started):
         live.saw_start(index)
-        task.pid, task.create_time, task.supervisor_pid = ev.pid, ev.create_time, ev.supervisor_pid
-        task.warm = ev.warm
-        task.host, task.port = ev.host or task.host, ev.port or task.port  # where a scheduler put it
-        if task.state == TaskState.PENDING:
-            task.state, task.started_at = TaskState.RUNNING, now
+        task.started(ev.pid, ev.create_time, ev.supervisor_pid, ev.warm, ev.host, ev.port, now)
     elif isinstance(ev, protocol.Stats):
         if ev.status is not None:  # else a beat without figures
             task.proc_status = ev.status
@@ -67,12 +63,12 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
         if index in live.progressed or step_of(p) > step_of(p, "first_global_step"):
             task.heartbeat, live.progressed[index] = now, time.monotonic()
         if step_of(p) > 0:
-            run.phases.setdefault("first_step", now)
+            run.mark("first_step", now)
     elif isinstance(ev, protocol.Exit):
         return exited(run, live, index, ev)
     elif isinstance(ev, protocol.Lost):
         live.saw_end(index)
-        task.state, task.ended_at = TaskState.LOST, now
+        task.ended(end_state(task.state, None, False, lost=True), now)
         return task_failure(run, live, index, FailureKind.LOST, f"was lost: {ev.reason}")
     return None
 
@@ -81,19 +77,17 @@ def exited(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Exit) -> 
     """A task's exit: succeeded, preempted (a notice; its peers save the same checkpoint), or failed."""
     task = run.task(index)
     live.saw_end(index)
-    task.exit_code, task.ended_at = ev.code, time.time()
     if ev.tail:
         live.tails[index] = collections.deque(ev.tail[-TAIL_LINES:], maxlen=TAIL_LINES)
-    # a notice is a preemption whether or not the task managed to save (killed at the end of its grace)
-    notice = bool(ev.notice) or ProgressState.of(task.progress) in NOTICE_STATES
-    if ev.code == protocol.EXIT_PREEMPTED or notice or live.preempted_at is not None:
-        task.state = TaskState.PREEMPTED
+    # a notice is a preemption whether or not the task managed to save (killed at the end of its grace), and so
+    # is any end once a peer was preempted (it saves with the group, or is stopped)
+    notice = bool(ev.notice) or ProgressState.of(task.progress) in NOTICE_STATES or live.preempted_at is not None
+    task.ended(end_state(task.state, ev.code, notice), time.time(), ev.code)
+    if task.state == TaskState.PREEMPTED:
         live.preempted_at = live.preempted_at or time.monotonic()
         return None
-    if ev.code == 0:
-        task.state = TaskState.SUCCEEDED
+    if task.state == TaskState.SUCCEEDED:
         return None
-    task.state = TaskState.FAILED
     kind, what = of_exit(ev)
     return abandoned(run, live, index, ev) or task_failure(run, live, index, kind, what, ev.code, ev.tail)
 
@@ -113,7 +107,7 @@ def abandoned(run: RunRecord, live: LiveAttempt, peer: int, ev: protocol.Exit) -
         age = now - live.progressed[index] if index in live.progressed else None
         if not stopped and age is not None and age < STALE_S:
             continue
-        task.state = TaskState.FAILED
+        task.failed()
         quiet = f"; no progress for {age:.0f} s" if age is not None else "; it had trained no step"
         return task_failure(run, live, index, FailureKind.HUNG, (
             f"stopped answering{' (its process is stopped, e.g. by SIGSTOP or a debugger)' if stopped else ''}"
@@ -137,7 +131,7 @@ def overdue(run: RunRecord, live: LiveAttempt, launch: Launch) -> Failure | None
     now = time.monotonic()
     for index in live.live:
         if index not in live.started and now - live.spawned_at > launch.start_timeout:
-            run.task(index).state = TaskState.FAILED
+            run.task(index).failed()
             return task_failure(run, live, index, FailureKind.NOT_STARTED,
                                 f"did not start within start_timeout = {launch.start_timeout:g} s")
     return hung(run, live, launch, now) or silent(run, live, launch, now)
@@ -151,7 +145,7 @@ def hung(run: RunRecord, live: LiveAttempt, launch: Launch, now: float) -> Failu
     if not any(now - live.progressed[t.index] > launch.heartbeat_timeout for t in running):
         return None
     culprit = min(running, key=lambda t: (t.proc_status not in STOPPED, step_of(t.progress), live.progressed[t.index]))
-    culprit.state = TaskState.FAILED
+    culprit.failed()
     stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in STOPPED else ""
     return task_failure(run, live, culprit.index, FailureKind.HUNG, (
         f"sent no progress for {now - live.progressed[culprit.index]:.0f} s{stopped} (heartbeat_timeout = "
@@ -164,7 +158,7 @@ def silent(run: RunRecord, live: LiveAttempt, launch: Launch, now: float) -> Fai
     for index in live.live:
         heard = live.heard.get(index)
         if run.task(index).state == TaskState.RUNNING and heard and now - heard > launch.lifeline:
-            run.task(index).state = TaskState.FAILED
+            run.task(index).failed()
             return task_failure(run, live, index, FailureKind.LOST, (
                 f"sent no progress and no sign of life for {now - heard:.0f} s (its supervisor reports every "
                 f"{protocol.BEAT_S:g} s; the limit is {launch.lifeline:g} s, from heartbeat_timeout = "

@@ -1,6 +1,7 @@
 "use strict";
 // Small hand-written SVG charts of a run's series (launcher/diagnose/series.py: times are seconds since the
-// run's start): lines over time from zero, epoch marks, and the timeline of phases, attempts and events.
+// run's start): lines over time from zero (or on a log axis), epoch marks, and the timeline of phases, attempts
+// and events. The time axis is the PNG report's: its start-ups compressed (the series' `axis` knots), shaded.
 
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 const OUTCOME = { succeeded: "#4c9a2a", failed: "#c0392b", preempted: "#e67e22", shrunk: "#8e44ad",
@@ -46,17 +47,73 @@ function short(y) {
     : a >= 1 ? String(+y.toFixed(2)) : String(+y.toPrecision(2));
 }
 
-function frame(width, height, until, ymax) {
+// The position of time t on a time axis of [0, until]: piecewise linear over the knots (report.knots), or to scale.
+function squeezed(axis) {
+  if (!axis || !axis[0] || axis[0].length < 2) return (t) => t;
+  const [ts, xs] = axis;
+  return (t) => {
+    let i = 1;
+    while (i < ts.length - 1 && t > ts[i]) i += 1;
+    const span = ts[i] - ts[i - 1] || 1;
+    return xs[i - 1] + ((t - ts[i - 1]) * (xs[i] - xs[i - 1])) / span;
+  };
+}
+
+function logTicks(lo, hi) {  // 1, 2, 5 times the powers of ten between lo and hi (fewer when they are many)
+  const out = [];
+  for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e += 1) {
+    for (const m of hi / lo > 1e3 ? [1] : [1, 2, 5]) {
+      const v = m * Math.pow(10, e);
+      if (v >= lo && v <= hi) out.push(v);
+    }
+  }
+  return out;
+}
+
+// Ticks over the stretches drawn to scale (between the compressed start-ups), about 80 px apart.
+function stretchTicks(x, until, shaded) {
+  const edges = [0, ...shaded.flatMap((s) => [s.start, Math.min(s.end, until)]), until], out = [];
+  for (let i = 0; i + 1 < edges.length; i += 2) {
+    const [a, b] = [edges[i], edges[i + 1]];
+    if (!(b > a)) continue;
+    const perSecond = (x(b) - x(a)) / (b - a);
+    const step = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600]
+      .find((s) => s * perSecond >= 80) || 86400;
+    for (let t = Math.ceil(a / step) * step; t <= b; t += step) out.push(t);
+  }
+  return out;
+}
+
+// yscale: {max} from zero, or {log: true, lo, hi}; axis: the series' knots; startups: [{start, end}] shaded
+function frame(width, height, until, yscale, axis = null, startups = []) {
   const w = width - PAD.left - PAD.right, h = height - PAD.top - PAD.bottom;
-  const x = (t) => PAD.left + (until > 0 ? (t / until) * w : 0);
-  const y = (v) => PAD.top + h - (ymax > 0 ? (v / ymax) * h : 0);
+  const at = squeezed(axis);
+  const x = (t) => PAD.left + (until > 0 ? (at(t) / until) * w : 0);
+  let y = () => PAD.top + h;
+  if (yscale && yscale.log) {
+    const lo = Math.log10(yscale.lo), span = Math.log10(yscale.hi) - lo || 1;
+    y = (v) => PAD.top + h - ((Math.log10(v) - lo) / span) * h;
+  } else if (yscale) {
+    y = (v) => PAD.top + h - (yscale.max > 0 ? (v / yscale.max) * h : 0);
+  }
   const axes = svg("g", { class: "axes" });
-  for (const t of clockTicks(until, Math.max(2, Math.floor(w / 80)))) {
+  const shaded = axis ? startups.filter((s) => s.end > s.start && s.start < until) : [];
+  for (const s of shaded) {
+    const a = x(s.start), b = x(Math.min(s.end, until));
+    axes.append(svg("rect", { x: a, y: PAD.top, width: Math.max(1, b - a), height: h, class: "startup" },
+                    svg("title", { text: `start-up ${fmt.num(s.end - s.start, 1)} s (compressed)` })));
+  }
+  const times = axis ? [0, ...shaded.map((s) => Math.min(s.end, until)), ...stretchTicks(x, until, shaded)]
+    : clockTicks(until, Math.max(2, Math.floor(w / 80)));
+  const placed = [];
+  for (const t of times) {
+    if (placed.some((p) => Math.abs(x(p) - x(t)) < 44)) continue;  // a compressed start-up's ticks would crowd
+    placed.push(t);
     axes.append(svg("line", { x1: x(t), x2: x(t), y1: PAD.top, y2: PAD.top + h, class: "grid" }),
                 svg("text", { x: x(t), y: height - 6, "text-anchor": "middle", text: mmss(t) }));
   }
-  if (ymax !== null) {
-    for (const v of ticks(ymax, 4)) {
+  if (yscale) {
+    for (const v of yscale.log ? logTicks(yscale.lo, yscale.hi) : ticks(yscale.max, 4)) {
       axes.append(svg("line", { x1: PAD.left, x2: PAD.left + w, y1: y(v), y2: y(v), class: "grid" }),
                   svg("text", { x: PAD.left - 6, y: y(v) + 4, "text-anchor": "end", text: short(v) }));
     }
@@ -64,11 +121,15 @@ function frame(width, height, until, ymax) {
   return { x, y, w, h, axes };
 }
 
-// lines: [{name, colour, points: [[t, y], ...], dots, dashed}]; marks: [{t, label}] (epoch ends)
-function timeChart({ width, height = 190, until, lines, marks = [] }) {
+// lines: [{name, colour, points: [[t, y], ...], dots, dashed}]; marks: [{t, label}] (epoch ends); log: a log
+// y axis (values above zero only); axis, startups: the compressed start-up (frame())
+function timeChart({ width, height = 190, until, lines, marks = [], log = false, axis = null, startups = [] }) {
+  if (log) lines = lines.map((l) => ({ ...l, points: l.points.filter((p) => p[1] > 0) }));
   const values = lines.flatMap((l) => l.points.map((p) => p[1]));
-  const ymax = values.length ? largest(values) * 1.08 : 1;
-  const { x, y, axes } = frame(width, height, until, ymax);
+  const hi = values.length ? largest(values) : 1;
+  const lo = values.length ? -largest(values.map((v) => -v)) : 1;
+  const yscale = log ? { log: true, lo: lo / 1.2, hi: hi * 1.2 } : { max: values.length ? hi * 1.08 : 1 };
+  const { x, y, axes } = frame(width, height, until, yscale, axis, startups);
   const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "chart" }, axes);
   for (const m of marks) {
     chart.append(svg("line", { x1: x(m.t), x2: x(m.t), y1: PAD.top, y2: height - PAD.bottom, class: "mark" },
@@ -102,10 +163,10 @@ function legend(lines) {
 }
 
 // Phases, attempts (coloured by outcome, the reason on hover and listed below) and events on one time axis.
-function timeline({ width, until, phases, attempts, events }) {
+function timeline({ width, until, phases, attempts, events, axis = null, startups = [] }) {
   const rows = [["phases", phases], ["attempts", attempts], ["events", events]];
   const rowH = 22, height = PAD.top + rows.length * (rowH + 6) + PAD.bottom;
-  const { x, axes } = frame(width, height, until, null);
+  const { x, axes } = frame(width, height, until, null, axis, startups);
   const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "chart timeline" },
                     axes);
   rows.forEach(([name, items], row) => {

@@ -5,6 +5,7 @@
 const RUN = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
 const $ = (id) => document.getElementById(id);
 let runEnded = false;
+let lastSeries = null;
 
 function splitBar(compute, wait) {
   if (typeof compute !== "number" || typeof wait !== "number") return el("span", { text: "–" });
@@ -21,6 +22,14 @@ function seconds(s) {
   return typeof s === "number" ? `${fmt.num(s, 1)} s` : "–";
 }
 
+function megabytes(bytes) {
+  return typeof bytes === "number" ? `${fmt.num(bytes / 2 ** 20)} MB` : "–";
+}
+
+function gpus(util) {  // its host's GPUs' use now, where the record has it (a probed host with nvidia-smi)
+  return Array.isArray(util) && util.length ? util.map((u) => `${u}`).join(", ") : "–";
+}
+
 function taskRow(t, straggler) {
   const slow = straggler && straggler.task === t.index;
   return el("tr", { "data-task": t.index, class: slow ? "straggler" : null },
@@ -32,12 +41,22 @@ function taskRow(t, straggler) {
     el("td", { class: "global-step", text: fmt.of(t.global_step) }),
     el("td", { class: "rate", text: fmt.num(t.samples_per_sec, 1) }),
     el("td", { class: "heartbeat", text: seconds(t.heartbeat_age) }),
+    el("td", { class: "cpu", text: fmt.num(t.cpu_percent) }),
+    el("td", { class: "memory", text: megabytes(t.rss) }),
+    el("td", { class: "gpu", text: gpus(t.gpu_util) }),
     el("td", {}, splitBar(t.compute_ms, t.wait_ms)),
     el("td", { text: t.exit_code ?? "" }));
 }
 
 function fact(name, value) {
   return [el("dt", { text: name }), el("dd", { text: value })];
+}
+
+function finalBox(f) {  // an ended run's last figures, at the top
+  const metrics = Object.entries(f.metrics || {}).map(([k, v]) => `${k} ${fmt.num(v, 4)}`);
+  return el("p", { class: "final" }, el("strong", { text: "final: " }),
+    [`epoch ${fmt.of(f.epoch, f.epochs)}`, `loss ${fmt.num(f.loss, 4)}`, ...metrics,
+     `samples/s ${fmt.num(f.samples_per_sec, 1)}`].join(" · "));
 }
 
 function showStatus(s) {
@@ -50,14 +69,17 @@ function showStatus(s) {
     fact("restarts", s.restarts), fact("preemptions", s.preemptions), fact("launcher", launcher),
     s.start_said ? fact("start", s.start_said) : [],  // "starts fresh" or "resumes run X at epoch N, step S"
   ].flat());
+  $("final").replaceChildren(s.final ? finalBox(s.final) : "");
   $("failure").replaceChildren(s.failure ? failureBox(s.failure) : "");
+  if ($("spec").textContent !== (s.spec_text || "")) $("spec").textContent = s.spec_text || "the run's copy of its spec cannot be read";
+  $("stacks-section").hidden = !!s.refused || ["succeeded", "failed", "stopped", "lost"].includes(s.state);
   $("unrecorded").replaceChildren(s.unrecorded ? el("p", { class: "note", text: s.unrecorded }) : "");
   fillTable($("tasks"), s.tasks.map((t) => taskRow(t, s.straggler)));
-  const st = s.straggler;
+  const st = s.straggler, timed = s.tasks.some((t) => typeof t.compute_ms === "number");
   $("straggler").textContent = st
     ? `straggler: task ${st.task}, its own work per step is ${fmt.num(st.ratio, 2)}x the others' median ` +
       "(the others wait for it)"
-    : "no straggler: every task's own work per step is within 1.25x of the others'";
+    : timed ? "no straggler: every task's own work per step is within 1.25x of the others'" : "";
 }
 
 function failureBox(f) {  // its cause first (the exception, the user's own line), then the whole paragraph
@@ -87,6 +109,7 @@ function pointsOf(items, key) {
 }
 
 function showSeries(series, error) {
+  lastSeries = [series, error];
   const box = $("charts");
   if (!series || series.refused) {
     const why = series ? "its preflight refused it: nothing was started, so there is nothing to draw" : error;
@@ -105,14 +128,20 @@ function showSeries(series, error) {
       points: pointsOf(group.epochs, "samples_per_s") },
   ];
   const firstTask = series.tasks.find((t) => t.points.some((p) => typeof p.loss === "number"));
+  const metricPoints = (name) => group.epochs.filter((e) => typeof (e.metrics || {})[name] === "number")
+    .map((e) => [e.t, e.metrics[name]]);
+  const named = [...new Set(group.epochs.flatMap((e) => Object.keys(e.metrics || {})))];
+  const losses = named.filter((n) => n.includes("loss")).sort();  // val_loss drawn with the loss, as the report
   const loss = [
     { name: `within epochs (task ${firstTask ? firstTask.index : 0})`, colour: colour(0),
       points: firstTask ? pointsOf(firstTask.points, "loss") : [] },
-    { name: "per epoch", colour: colour(3), dots: true, points: pointsOf(group.epochs, "loss") },
+    { name: "loss per epoch", colour: colour(3), dots: true, points: pointsOf(group.epochs, "loss") },
+    ...losses.map((name, i) => ({ name, colour: colour(i + 4), dots: true, points: metricPoints(name) })),
   ];
-  const names = [...new Set(group.epochs.flatMap((e) => Object.keys(e.metrics || {})))].slice(0, 8);
-  const metrics = names.map((name, i) => ({ name, colour: colour(i + 4), dots: true,
-    points: group.epochs.filter((e) => typeof (e.metrics || {})[name] === "number").map((e) => [e.t, e.metrics[name]]) }));
+  const names = named.filter((n) => !n.includes("loss")).sort().slice(0, 8);
+  const metrics = names.map((name, i) => ({ name, colour: colour(i + 4 + losses.length), dots: true,
+                                           points: metricPoints(name) }));
+  const log = $("loss-log").checked, axis = series.axis, startups = series.startups || [];
   const split = series.tasks.flatMap((t) => [
     { name: `task ${t.index} own work`, colour: colour(t.index), points: pointsOf(t.points, "compute_ms") },
     { name: `task ${t.index} waiting`, colour: colour(t.index), dashed: true, points: pointsOf(t.points, "wait_ms") },
@@ -120,13 +149,18 @@ function showSeries(series, error) {
   const attempts = series.attempts || [];
   box.replaceChildren(
     chartBox("samples/s", "of the whole group (every task measures the same rate), from zero; grey lines: epoch ends.",
-             timeChart({ width, until, lines: rate, marks }), rate),
-    chartBox("loss", "per epoch, and within epochs.", timeChart({ width, until, lines: loss, marks }), loss),
-    metrics.length ? chartBox("metrics", "per epoch.", timeChart({ width, until, lines: metrics, marks }), metrics) : null,
+             timeChart({ width, until, lines: rate, marks, axis, startups }), rate),
+    chartBox("loss", `per epoch (val_loss too), and within epochs${log ? ", on a log axis" : ""}.`,
+             timeChart({ width, until, lines: loss, marks, log, axis, startups }), loss),
+    metrics.length ? chartBox("metrics", "per epoch.", timeChart({ width, until, lines: metrics, marks, axis, startups }),
+                              metrics) : null,
     chartBox("per step (ms)", "own work: computing its batch; waiting: for the slowest task, in the all-reduce.",
-             timeChart({ width, until, lines: split }), split),
+             timeChart({ width, until, lines: split, axis, startups }), split),
     chartBox("timeline", "phases, attempts (coloured by outcome) and events; hover for reasons.",
-             timeline({ width, until, phases: series.phases || [], attempts, events: series.events || [] })),
+             timeline({ width, until, phases: series.phases || [], attempts, events: series.events || [], axis,
+                        startups })),
+    axis ? el("p", { class: "note", text: "shaded: start-up (preflight, spawn, until the first step; again after " +
+                     "each restart), compressed as in the PNG report; the rest is to scale." }) : null,
   );
   $("attempts").replaceChildren(...attempts.map((a) => el("li", {},
     el("strong", { text: `attempt ${a.index}: ${a.outcome || "running"}` }),
@@ -180,7 +214,9 @@ async function refreshLogs() {
       const pre = logBox(t.index, t.host).querySelector("pre");
       const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
       pre.className = t.error ? "log error" : "log";
-      pre.textContent = t.error || t.lines.join("\n");
+      const hidden = t.hidden ? `(${t.hidden} line(s) of TensorFlow's start-up chatter not shown, as 'up' hides ` +
+                                "them; worker.log has every line)\n" : "";
+      pre.textContent = t.error || hidden + t.lines.join("\n");
       if (atEnd) pre.scrollTop = pre.scrollHeight;  // follow the tail, unless the reader scrolled up
     }
     logsDone = wasEnded;  // read once more after the end, then no more
@@ -208,6 +244,7 @@ async function takeStacks() {
 document.title = `run ${RUN} · mgpu-cluster`;
 $("run-id").textContent = RUN;
 $("stacks-button").addEventListener("click", takeStacks);
+$("loss-log").addEventListener("change", () => { if (lastSeries) showSeries(...lastSeries); });
 poll(refresh, 1000);  // the numbers: a task that fails shows failed within about 2 s
 poll(refreshCharts, 2000);  // the charts: the run's whole history, read again
 poll(refreshLogs, 3000);

@@ -1,0 +1,100 @@
+"""A run as `status` shows it: one snapshot of its record merged with what its hosts said, the one source of
+`status --json`, the table, the dashboard's page and /metrics; a task's shown state (`starting` included) is
+made here alone."""
+
+from __future__ import annotations
+
+import time
+
+from launcher.run import phases, record
+from launcher.run.progress import typed
+from launcher.run.states import RunState, TaskState
+from worker.protocol import EXIT_PREEMPTED, ProgressState
+
+EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
+STARTING = "starting"  # shown, never recorded: a running task before its first step (shown_state)
+
+
+def _task_state(row: dict) -> TaskState:
+    if row.get("alive"):
+        return TaskState.RUNNING
+    if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
+        return TaskState(row["state"])
+    code = row.get("exit_code")
+    if code is None:
+        return TaskState.LOST
+    return {0: TaskState.SUCCEEDED, EXIT_PREEMPTED: TaskState.PREEMPTED}.get(code, TaskState.FAILED)
+
+
+def shown_state(state: TaskState, progress: dict) -> str:
+    """A task's state as `status`, `--json`, the page and /metrics show it: `starting` for a running task whose
+    training says it has trained no step yet (importing, joining its group; its progress, typed), else the
+    recorded state. A command that writes no progress.json is `running` from its start."""
+    if state != TaskState.RUNNING or not progress:
+        return str(state)
+    said = ProgressState.of(progress)
+    if said == ProgressState.STARTING or (said == ProgressState.TRAINING and
+                                          (progress.get("global_step") or 0) <= (progress.get("first_global_step") or 0)):
+        return STARTING
+    return str(state)
+
+
+def task_now(recorded: TaskState, row: dict | None) -> TaskState:
+    """A task's state from its record and what its host says now: an end the record took from the task's exit
+    report stands (a preempted task killed at the end of its grace has exit code -9 on its host); the host
+    moves a task not known to have exited, or one it sees running."""
+    if not row:
+        return recorded
+    seen = _task_state(row)
+    return recorded if recorded in EXITED and seen != TaskState.RUNNING else seen
+
+
+def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
+    """The run as `status --json` shows it: its record, merged with what each host says when probed."""
+    now = time.time()
+    until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
+    alive = record.launcher_alive(run)
+    tasks = []
+    for i, t in enumerate(run.tasks):
+        res = probes[i] if probes else None
+        row = res.value if res is not None and res.ok else {}
+        progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
+        state = shown_state(t.state if run.ended else task_now(t.state, row), progress)
+        code = row.get("exit_code")
+        beat = progress.get("time") if state != STARTING else None  # no heartbeat before the first step
+        tasks.append({
+            "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
+            "state": state, "exit_code": t.exit_code if code is None else code,
+            "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
+            "step": progress.get("step"), "steps_per_epoch": progress.get("steps_per_epoch"),
+            "global_step": progress.get("global_step"), "loss": progress.get("loss"),
+            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
+            "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
+            "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
+            "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,
+            "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
+            "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
+            # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
+            "standby": t.standby if not run.ended and alive else None, "warm": t.warm,
+            "error": str(res.error) if res is not None and not res.ok else None,
+        })
+    state = run.state if run.ended or alive else RunState.LOST
+    return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
+            "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
+            "failure": run.failure.to_json() if run.failure else None,
+            "start": run.start.to_json() if run.start else None,  # where its training starts (fresh: run null)
+            "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,
+            "attempts": [{"number": a.number, "tasks": a.tasks, "outcome": a.outcome and str(a.outcome),
+                          "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
+                          "started_at": a.started_at, "ended_at": a.ended_at, "phases": phases.told(a)}
+                         for a in run.attempts],
+            "tasks": tasks, "straggler": straggler_json(tasks),
+            # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
+            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}
+
+
+def straggler_json(tasks: list[dict]) -> dict | None:
+    from launcher.diagnose.straggler import find
+
+    found = find({t["index"]: t["compute_ms"] for t in tasks})
+    return found.to_json() if found else None

@@ -1,0 +1,130 @@
+"""The run page's parts a person keeps it open for, in a real Chromium at 1280 and 390 px, and /metrics parsed:
+per-task CPU and memory, an ended run's final figures at the top, the spec it ran (secrets masked), loss on a
+log axis and val_loss with it, the start-up compressed as in the PNG, TensorFlow's start-up chatter hidden from
+the logs, nothing about stragglers or stacks on a refused run. One short real digits run serves every check."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import DIGITS, Cli, reap, run_processes, status_json, write_spec
+from test_dashboard import browser, dashboard, get, refused_run, scrape  # noqa: F401 (browser: a fixture)
+from launcher.run.screen import is_noise
+
+SECRET = "hunter2-not-for-the-page"
+
+
+@pytest.fixture(scope="module")
+def ended(tmp_path_factory):
+    """A two-task digits run of 3 epochs that succeeded (TensorFlow's C++ log on, a secret in its env), and a
+    refused run beside it: (cli, run id, refused run id)."""
+    tmp = tmp_path_factory.mktemp("page")
+    cli = Cli(tmp / "mgpu-home", tmp)
+    spec = write_spec(tmp, training=DIGITS + "\nepochs = 3",
+                      env=f'TF_CPP_MIN_LOG_LEVEL = "0", MY_API_TOKEN = "{SECRET}"')
+    try:
+        r = cli("up", spec, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        run = status_json(cli)["run_id"]
+        refused, _ = refused_run(cli, tmp)
+        yield cli, run, refused
+    finally:
+        left = reap(run_processes(cli.home))
+        assert not left, f"processes left running: {left}"
+
+
+def test_the_api_gives_final_figures_and_the_spec_masked_and_logs_without_chatter(ended):
+    cli, run, _ = ended
+    with dashboard(cli) as (_, url, _, token):
+        code, _, body = get(f"{url}/api/runs/{run}", token=token)
+        assert code == 200, body
+        import json
+
+        snap = json.loads(body)
+        final = snap["final"]
+        assert (final["epoch"], final["epochs"]) == (3, 3) and final["loss"] > 0, final
+        assert "val_loss" in final["metrics"] and "accuracy" in final["metrics"], final
+        assert SECRET not in body and 'MY_API_TOKEN = "****"' in snap["spec_text"], snap["spec_text"]
+        assert 'entrypoint = "worker.examples.digits:task"' in snap["spec_text"]
+        assert all(t["cpu_percent"] is not None and t["rss"] > 0 for t in snap["tasks"]), snap["tasks"]
+
+        code, _, body = get(f"{url}/api/runs/{run}/logs", token=token)
+        tails = json.loads(body)
+        assert all(t["lines"] and not any(is_noise(x) for x in t["lines"]) for t in tails), tails
+        log = (next((cli.home / "runs" / run).glob("**/task-0/worker.log"))).read_text()
+        assert any(is_noise(x) for x in log.splitlines()), "the log has TensorFlow's C++ lines (the level is 0)"
+
+        series = json.loads(get(f"{url}/api/runs/{run}/series", token=token)[2])
+        ts, xs = series["axis"]  # the PNG's knots: start-up takes most of a 3-epoch run, compressed to 12 %
+        from launcher.diagnose import report
+
+        assert series["axis"] == list(report.knots(series["startups"], series["until"]))
+
+
+def test_metrics_give_epoch_loss_cpu_memory_and_states(ended):
+    cli, run, _ = ended
+    with dashboard(cli) as (_, url, _, token):
+        seen = scrape(url, token)
+    for task in ("0", "1"):
+        labels = (("run", run), ("task", task))
+        assert seen[("mgpu_task_epoch", labels)] == 3.0, sorted(seen)
+        assert seen[("mgpu_task_loss", labels)] > 0
+        assert seen[("mgpu_task_cpu_percent", labels)] >= 0 and seen[("mgpu_task_memory_bytes", labels)] > 2**20
+        states = {dict(k[1])["state"]: v for k, v in seen.items() if k[0] == "mgpu_task_state"
+                  and dict(k[1])["task"] == task and dict(k[1])["run"] == run}
+        assert states["succeeded"] == 1.0 and sum(states.values()) == 1.0 and "starting" in states, states
+    runs = {dict(k[1])["state"]: v for k, v in seen.items() if k[0] == "mgpu_run_state" and dict(k[1])["run"] == run}
+    assert runs["succeeded"] == 1.0 and sum(runs.values()) == 1.0, runs
+
+
+@pytest.mark.browser
+def test_the_page_at_1280_and_390_px(ended, browser):  # noqa: F811
+    cli, run, refused = ended
+    with dashboard(cli) as (_, url, _, token):
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}/?token={token}")
+        page.goto(f"{url}/runs/{run}")
+        page.wait_for_selector("#final .final", timeout=15_000)
+        final = page.inner_text("#final")
+        assert re.search(r"epoch 3/3 · loss \d\.\d{4} · accuracy \d\.\d{4}", final) and "val_loss" in final, final
+        page.wait_for_selector('[data-task="1"] .memory', timeout=15_000)
+        for i in (0, 1):
+            assert re.fullmatch(r"\d+", page.inner_text(f'[data-task="{i}"] .cpu')), page.inner_text("#tasks")
+            assert re.fullmatch(r"\d+ MB", page.inner_text(f'[data-task="{i}"] .memory'))
+        page.wait_for_selector("svg.chart rect.startup", timeout=15_000)  # the start-up, compressed and shaded
+        loss = page.locator("figure.chart-box", has_text="val_loss")
+        assert "loss per epoch" in loss.inner_text() and loss.count() == 1  # val_loss drawn with the loss
+
+        def ticks() -> list[str]:
+            return loss.locator("svg g.axes text").all_inner_texts()
+
+        linear = ticks()
+        page.check("#loss-log")
+        page.wait_for_timeout(300)
+        assert "on a log axis" in loss.inner_text() and ticks() != linear, (linear, ticks())
+
+        assert not page.is_visible("#stacks-section")  # an ended run has no task to take stacks of
+        page.click("#spec-box summary")
+        spec = page.inner_text("#spec")
+        assert 'MY_API_TOKEN = "****"' in spec and SECRET not in page.content(), spec
+        page.wait_for_selector('[data-log="0"] pre', timeout=15_000)
+        logs = page.inner_text("#logs")
+        assert "start-up chatter not shown" in logs and not any(is_noise(x) for x in logs.splitlines()), logs
+        for width in (1280, 390):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_timeout(2500)  # a refresh draws the charts at the new width
+            scroll, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            assert scroll <= inner, f"the page overflows at {width} px: {scroll} > {inner}"
+            assert page.is_visible("#final") and page.is_visible('[data-task="1"] .memory')
+            page.screenshot(path=str(cli.cwd / f"run-page-{width}.png"), full_page=True)
+
+        page.goto(f"{url}/runs/{refused}")
+        page.wait_for_selector("#failure .failure", timeout=15_000)
+        page.wait_for_timeout(1200)
+        assert not page.is_visible("#stacks-section") and page.inner_text("#straggler") == ""
+        assert "straggler" not in page.inner_text("body") and "Take stacks" not in page.inner_text("body")
+        assert not errors, errors
