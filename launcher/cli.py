@@ -103,15 +103,17 @@ def _which(run: str | None) -> str:
 
 
 @command()
-def check(spec: Path = SpecArg):
-    """Validate SPEC and check every host and port, the entrypoint imported on each; exit 0 when all pass, 2
-    otherwise.
+def check(spec: Path = SpecArg,
+          as_json: bool = typer.Option(False, "--json", help="One JSON object: each task's problems and the links' "
+                                       "matrix.")):
+    """Validate SPEC and check every host and port, the entrypoint imported on each, then measure the link
+    between every two hosts and name the slow ones; exit 0 when all checks pass, 2 otherwise.
 
     It starts no training, but copies the `sync` files to each remote host's workdir, creating the workdir where
     it is missing, as up does."""
     from launcher import up as upmod
 
-    upmod.check(spec)
+    upmod.check(spec, as_json=as_json)
 
 @command(context_settings={"allow_extra_args": True})
 def up(

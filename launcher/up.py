@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -44,20 +45,43 @@ def keep_findings(run: record.RunRecord, checks: list[TaskCheck]) -> None:
             run.task(c.plan.index).env_found.update(c.env)
 
 
-def check(spec_path: Path) -> None:
+def check(spec_path: Path, as_json: bool = False) -> None:
+    """Every check of `up`'s preflight, then the links between the hosts; `as_json`: one JSON object on stdout
+    (the tasks' problems and the links' matrix), the rest on stderr."""
+    from launcher import links
+
     spec = load_spec(spec_path)
     engine = launching(spec_path, engine_for(spec, "check"))
     out = Output(threaded=False)
+    say = (lambda m: out.err.print("mgpu-cluster | " + m, markup=False)) if as_json else out.say
     remote = [h.label for h in spec.hosts or [] if not h.is_local]
     if spec.sync and remote:
-        out.say(f"copying the sync files ({', '.join(spec.sync)}) to the workdir of {', '.join(dict.fromkeys(remote))}, "
-                "creating it where missing, as up does; check starts no training")
+        say(f"copying the sync files ({', '.join(spec.sync)}) to the workdir of {', '.join(dict.fromkeys(remote))}, "
+            "creating it where missing, as up does; check starts no training")
     try:
-        checks = engine.preflight(Path(spec_path).parent, out.say)
-        out.show(checks_table(checks))
+        checks = engine.preflight(Path(spec_path).parent, say)
+        (out.err.print if as_json else out.show)(checks_table(checks))
+        report = links_of(engine) if all(c.ok for c in checks) else None
+        for line in links.lines(report) if report else []:
+            say(line)
+        if as_json:
+            print(json.dumps({"ok": all(c.ok for c in checks),
+                              "tasks": [{"task": c.plan.index, "host": c.plan.host.label, "problems": c.problems}
+                                        for c in checks],
+                              "links": report.to_json() if report else None}), flush=True)
         refuse(checks)
     finally:
         engine.close()
+
+
+def links_of(engine: Engine):
+    """`check`'s measurement of the links, for an engine whose hosts we reach ourselves (not a scheduler's)."""
+    from launcher import links
+    from launcher.engines.supervised import SupervisedEngine
+
+    if not isinstance(engine, SupervisedEngine):
+        return None
+    return links.measure(engine.plans, [engine.transports[p.index] for p in engine.plans])
 
 
 def with_args(spec: ClusterSpec, args: list[str]) -> ClusterSpec:
@@ -116,7 +140,7 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         if spec.training.entrypoint:  # the built-in runner's checkpoint (a command keeps its own)
             run.set_start(start_point(checks, engine.kind, run.run_id, spec_path))
             out.say(f"run {run.run_id} {run.start.words()}")
-        run.phases["preflight_s"] = round(time.time() - t0, 3)
+        run.took("preflight_s", time.time() - t0)
         out.say(f"starting {len(run.tasks)} task(s); logs in {record.run_path(run.run_id)}")
         agent = Agent(spec, engine, owner, out)
         try:

@@ -192,13 +192,24 @@ class Engine(ABC):
         pass
 
 
+@dataclass(frozen=True)
+class StandbyState:
+    """A task's standby as its engine last heard of it: the fork server it holds (pid), whether that has imported
+    what it imports, the private memory holding it adds (bytes; None: not read yet), the attempt it is for."""
+
+    pid: int
+    ready: bool
+    memory: int | None
+    attempt: int
+
+
 class Launching(ABC):
     """An engine that starts its runs: checks the hosts, starts an attempt, stops it, says why it ended."""
 
     plans: list[TaskPlan]
     on_job: Callable[[dict], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
-    # told what each task's standby is now ({pid, ready, rss, attempt}; None: it has none)
-    on_standby: Callable[[int, dict | None], None] = staticmethod(lambda _index, _standby: None)
+    # told what each task's standby is now (None: it has none)
+    on_standby: Callable[[int, StandbyState | None], None] = staticmethod(lambda _index, _standby: None)
     # told a line about a task from outside its attempt (its standby, given up on), to show as the task's
     on_note: Callable[[int, str], None] = staticmethod(lambda _index, _text: None)
 

@@ -16,7 +16,7 @@ import time
 
 from launcher.diagnose.stacks import at_hang
 from launcher.engines import Engine, engine_for
-from launcher.engines.base import SchedulerCause
+from launcher.engines.base import SchedulerCause, StandbyState
 from launcher.errors import Interrupted, RunFailed
 from launcher.run import interrupts, phases, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
@@ -56,7 +56,7 @@ class Agent:
         self.run.job = job
         self.owner.save()
 
-    def standby_known(self, index: int, standby: dict | None) -> None:
+    def standby_known(self, index: int, standby: StandbyState | None) -> None:
         """A task's standby as its engine last heard of it (on the engine's thread: the next save keeps it)."""
         if not self.run.ended:
             self.run.task(index).standby = standby

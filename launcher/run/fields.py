@@ -83,6 +83,8 @@ def _checked(name: str, value: Any, want: Any) -> Any:
     elif origin is list:
         if isinstance(value, list):
             return [_checked(f"{name}[]", v, args[0]) for v in value] if args else value
+    elif dataclasses.is_dataclass(want) and isinstance(want, type) and isinstance(value, dict):
+        return build(want, value)  # a record within the record
     elif isinstance(want, type) and isinstance(value, origin or want):
         return value
     raise TypeError(f"{name}: {type(value).__name__} is not {getattr(want, '__name__', want)}")

@@ -9,6 +9,7 @@ import enum
 import math
 import time
 
+from launcher.run.progress import step
 from launcher.run.record import Attempt, RunRecord
 from worker import protocol
 
@@ -21,10 +22,6 @@ UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose line
 
 def seconds(since: float, until: float) -> float:
     return round(max(0.0, until - since), 3)
-
-
-def step(progress: dict | None, key: str = "global_step") -> int:
-    return (progress or {}).get(key) or 0
 
 
 def estimated(ph: dict, name: str) -> bool:

@@ -32,6 +32,12 @@ def real(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def step(progress: dict | None, key: str = "global_step") -> int:
+    """A typed progress record's global step (or its `key`: first_global_step, steps_per_epoch...); 0 when it
+    gives none."""
+    return (progress or {}).get(key) or 0
+
+
 def typed(progress: Any) -> dict:
     """The fields of a progress record that have the type the launcher expects; {} for a non-dict."""
     if not isinstance(progress, dict):

@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
 from launcher.home import run_folder as run_path
+from launcher.engines.base import StandbyState
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
@@ -55,7 +56,7 @@ class TaskRecord:
     rss: int | None = None
     proc_status: str | None = None
     env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
-    standby: dict | None = None  # its standby now: {pid, ready, memory, attempt} (launcher.engines.supervised)
+    standby: StandbyState | None = None  # its standby now (launcher.engines.supervised)
     warm: bool = False  # its attempt was forked from a fork server whose imports were done
 
     # ---- its transitions: the only writers of its state and of its process's identity and times

@@ -5,6 +5,7 @@ made here alone."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from launcher.run import phases, record
 from launcher.run.progress import typed
@@ -75,7 +76,7 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
             "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
             # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
-            "standby": t.standby if not run.ended and alive else None, "warm": t.warm,
+            "standby": asdict(t.standby) if t.standby and not run.ended and alive else None, "warm": t.warm,
             "error": str(res.error) if res is not None and not res.ok else None,
         })
     state = run.state if run.ended or alive else RunState.LOST

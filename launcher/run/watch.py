@@ -12,7 +12,7 @@ import time
 from launcher.run.attempt import TAIL_LINES, LiveAttempt
 from launcher.run.cause import unhealthy
 from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name
-from launcher.run.progress import typed
+from launcher.run.progress import step, typed
 from launcher.run.record import RunRecord
 from launcher.run.states import TaskState, end_state
 from launcher.spec import Launch
@@ -23,11 +23,6 @@ from worker.protocol import ProgressState
 STOPPED = ("stopped", "tracing-stop")  # psutil's status of a process stopped by SIGSTOP or a debugger
 NOTICE_STATES = (ProgressState.PREEMPTING, ProgressState.PREEMPTED)
 STALE_S = 2 * protocol.BEAT_S  # a task whose last progress is older, while a peer's collective waits on it, is stale
-
-
-def step_of(progress, key: str = "global_step") -> int:
-    """A (typed) progress record's global step; 0 when it gives none."""
-    return (progress or {}).get(key) or 0
 
 
 def label(run: RunRecord, index: int) -> str:
@@ -60,9 +55,9 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
     elif isinstance(ev, protocol.Progress):
         task.progress = p = typed(ev.progress)  # written by the training: untrusted
         # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
-        if index in live.progressed or step_of(p) > step_of(p, "first_global_step"):
+        if index in live.progressed or step(p) > step(p, "first_global_step"):
             task.heartbeat, live.progressed[index] = now, time.monotonic()
-        if step_of(p) > 0:
+        if step(p) > 0:
             run.mark("first_step", now)
     elif isinstance(ev, protocol.Exit):
         return exited(run, live, index, ev)
@@ -144,7 +139,7 @@ def hung(run: RunRecord, live: LiveAttempt, launch: Launch, now: float) -> Failu
     running = [run.task(i) for i in live.live if i in live.progressed and run.task(i).state == TaskState.RUNNING]
     if not any(now - live.progressed[t.index] > launch.heartbeat_timeout for t in running):
         return None
-    culprit = min(running, key=lambda t: (t.proc_status not in STOPPED, step_of(t.progress), live.progressed[t.index]))
+    culprit = min(running, key=lambda t: (t.proc_status not in STOPPED, step(t.progress), live.progressed[t.index]))
     culprit.failed()
     stopped = " (its process is stopped, e.g. by SIGSTOP or a debugger)" if culprit.proc_status in STOPPED else ""
     return task_failure(run, live, culprit.index, FailureKind.HUNG, (

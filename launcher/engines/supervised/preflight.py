@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launcher import devices
+from launcher import devices, links
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
@@ -268,4 +268,6 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
         if all(c.ok for c in checks):
             say(f"every worker reaches every other worker's port ({len(plans) * (len(plans) - 1)} pairs; "
                 f"all host checks {time.monotonic() - t0:.2f} s)")
+            if hold:  # `up`: a slow link told before the first step (`check` lists every link)
+                links.preflight_probe(plans, transports, say)
     return checks

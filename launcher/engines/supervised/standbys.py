@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.engines.base import Sink
+from launcher.engines.base import Sink, StandbyState
 from launcher.engines.supervised.transport import Handle, Transport
 from launcher.plan import TaskPlan
 from worker import protocol
@@ -65,7 +65,7 @@ class Standby:
 class Standbys:
     """The standbys of one engine's tasks, at most one per task."""
 
-    def __init__(self, transports: dict[int, Transport], told: Callable[[int, dict | None], None],
+    def __init__(self, transports: dict[int, Transport], told: Callable[[int, StandbyState | None], None],
                  said: Callable[[int, str], None]):
         self.transports, self.told, self.said = transports, told, said
         self.now: dict[int, Standby] = {}
@@ -109,7 +109,7 @@ class Standbys:
             if self.now.get(index) is not standby:  # taken, stopped or replaced: no longer this task's
                 return
         if isinstance(event, protocol.Standby):  # pid 0: none now (a program that does not start warm)
-            state = {"pid": event.pid, "ready": event.ready, "memory": event.memory, "attempt": standby.attempt}
+            state = StandbyState(pid=event.pid, ready=event.ready, memory=event.memory, attempt=standby.attempt)
             self.told(index, state if event.pid else None)
             return
         if isinstance(event, protocol.Note):  # its core gave up on its program (it kept dying)
