@@ -292,7 +292,7 @@ def tf_config(
     from launcher.errors import SpecError
     from launcher.plan import plan_tasks
     from launcher.specfile import load_spec
-    from worker.host.env import KERAS_VARIABLES, Backend
+    from worker.host.env import KERAS_VARIABLES, TF_CONFIG, Backend
 
     cluster = load_spec(spec)
     if all_ == (task is not None):
@@ -300,7 +300,7 @@ def tf_config(
     jax = cluster.training.backend is Backend.JAX
     if cluster.hosts is None:
         raise SpecError(f"{spec}: with [slurm] or [kubernetes], each task builds its "
-                        f"{'KERAS_DISTRIBUTION_* variables' if jax else 'TF_CONFIG'} when it starts, from "
+                        f"{'KERAS_DISTRIBUTION_* variables' if jax else TF_CONFIG} when it starts, from "
                         "the nodes Slurm gave the job or the JobSet's host names; 'mgpu-cluster up --dry-run' shows how")
     if not all_ and not 0 <= task < cluster.num_workers:
         raise SpecError(f"--task {task}: {spec} has tasks 0..{cluster.num_workers - 1}.")
@@ -308,7 +308,7 @@ def tf_config(
     if jax:  # the counterpart of TF_CONFIG: what keras.distribution.initialize() reads
         configs = [{k: p.env[k] for k in KERAS_VARIABLES if k in p.env} for p in plans]
     else:
-        configs = [json.loads(p.env["TF_CONFIG"]) for p in plans]
+        configs = [json.loads(p.env[TF_CONFIG]) for p in plans]
     typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
 
 @command()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from launcher.errors import HomeError
+from worker.host import env
 
 RUNS = "runs"
 PORTS = "ports"
@@ -18,8 +19,8 @@ RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}\Z")
 
 def mgpu_home() -> Path:
     """Where runs are recorded on the control machine: $MGPU_HOME, else the user's state folder."""
-    if os.environ.get("MGPU_HOME"):
-        return Path(os.environ["MGPU_HOME"]).expanduser()
+    if os.environ.get(env.HOME):
+        return Path(os.environ[env.HOME]).expanduser()
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "mgpu-cluster"
 

@@ -2,18 +2,27 @@
 
 - no path piece of the on-host layout outside worker/host/layout.py;
 - the launcher's states stay on the launcher's side (no RunState, TaskState, AttemptOutcome in worker/);
-- no engine method that only refuses; no Mode switch in the Slurm engine;
-- what the Slurm job is doing is asked from one module (the watcher).
+- no engine method that only refuses (or only raises NotImplementedError outside an abstract role); no Mode
+  switch in the Slurm engine;
+- what the Slurm job is doing is asked from one module (the watcher);
+- every name of the task environment (MGPU_*, TF_CONFIG, KERAS_*, CUDA_VISIBLE_DEVICES) is spelled in
+  worker/host/env.py alone (issue 43);
+- a run's or task's state, times and phases change only through the record's own transitions (issue 43).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
 
 LAYOUT = REPO / "worker" / "host" / "layout.py"
+ENV = REPO / "worker" / "host" / "env.py"
+ENV_KEY = re.compile(r"(MGPU_[A-Z0-9_]+|TF_CONFIG|KERAS_[A-Z0-9_]+|CUDA_VISIBLE_DEVICES)\Z")
+# the examples are a user's own scripts: they read the documented variables by name, as a user's would
+ENV_KEY_EXCEPTIONS = (REPO / "worker" / "examples",)
 FOLDERS = (".mgpu", "task-", "events-", "stacks-")  # the start of a folder's or file's name
 FILES = ("worker.log", "progress.json", "task.json", "env.json", "launcher.alive", "exit_code")
 
@@ -60,9 +69,10 @@ def test_the_launchers_states_live_on_the_launchers_side():
 
 
 def only_raises(fn: ast.FunctionDef) -> bool:
+    """A method whose body (its docstring aside) is one raise: NotImplementedError too (a role's method is
+    abstract, in an ABC or a Protocol, not a refusal at run time)."""
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    return len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None and not (
-        isinstance(body[0].exc, ast.Name) and body[0].exc.id == "NotImplementedError")
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
 
 
 def test_no_engine_method_only_refuses_and_the_slurm_engine_has_no_mode_switch():
@@ -91,3 +101,47 @@ def test_the_job_is_asked_about_from_one_module():
                 if words[0] == "squeue" or words[0] == "scontrol" and "job" in words:
                     asking.add(path.relative_to(REPO).as_posix())
     assert asking == {"launcher/engines/slurm/watch.py"}, asking
+
+
+def test_the_task_environments_names_are_spelled_in_its_builder_alone():
+    found = [f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}" for path in sources("launcher", "worker")
+             if path != ENV and not any(folder in path.parents for folder in ENV_KEY_EXCEPTIONS)
+             for node in strings(ast.parse(path.read_text(encoding="utf-8"))) if ENV_KEY.match(node.value)]
+    assert not found, "environment names spelled outside worker/host/env.py (import its constant):\n" + "\n".join(found)
+    builder = {node.value for node in strings(ast.parse(ENV.read_text(encoding="utf-8"))) if ENV_KEY.match(node.value)}
+    assert {"MGPU_RUN_DIR", "MGPU_ATTEMPT", "TF_CONFIG", "KERAS_BACKEND", "CUDA_VISIBLE_DEVICES"} <= builder
+    assert not ENV_KEY.match("no TF_CONFIG") and not ENV_KEY.match("KERAS_DISTRIBUTION_* variables")
+
+
+RECORD = REPO / "launcher" / "run" / "record.py"
+RECORD_TIMES = {"state", "started_at", "ended_at"}
+
+
+def record_writes(tree: ast.AST) -> list[int]:
+    """Lines that write a record's state, its times or its phases: `x.state = ...` (not `self.`'s own),
+    `x.phases[k] = ...`, `x.phases.setdefault/update/pop(...)`."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(t, ast.Attribute) and t.attr in RECORD_TIMES and not (
+                        isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    found.append(node.lineno)
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "phases":
+                    found.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("setdefault", "update", "pop", "clear") and \
+                isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "phases":
+            found.append(node.lineno)
+    return found
+
+
+def test_the_record_changes_only_through_its_own_transitions():
+    """A run's or task's state and times and an attempt's phases are written in launcher/run/record.py alone
+    (its transitions); watch, teardown, the agent and `status` call them."""
+    found = {f"{p.relative_to(REPO)}:{line}": None for p in sources("launcher") if p != RECORD
+             for line in record_writes(ast.parse(p.read_text()))}
+    assert not found, sorted(found)
+    assert record_writes(ast.parse("t.state = 1\nrun.phases['x'] = 2\nrun.phases.setdefault('y', 3)\n")) == [1, 2, 3]

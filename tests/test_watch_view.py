@@ -110,6 +110,7 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
     assert codes == {80: 0, 160: 0}, frames
     for cols, seen in frames.items():
         assert seen[-1][1][0].endswith(": stopped"), seen[-1]  # the last frame: the run's end
+        assert [row["state"] for row in table(seen[-1][1])] == ["stopped", "stopped"], seen[-1]  # saved or not
         headers = {tuple(table(lines)[0]) for _, lines in seen}
         assert len(headers) == 1, (cols, headers)  # chosen from the width alone, never from what the cells hold
         for task in (0, 1):  # `starting` (importing, joining the group) until its first step, then never again

@@ -6,10 +6,12 @@ import argparse
 import os
 import sys
 
+from worker.host import env  # the standard library alone: TensorFlow is not imported yet
+
 
 def on_jax() -> bool:
     """Keras 3 on JAX (worker.keras3) where KERAS_BACKEND says so, else TensorFlow with tf_keras."""
-    return os.environ.get("KERAS_BACKEND") == "jax"
+    return os.environ.get(env.KERAS_BACKEND) == "jax"
 
 
 if not on_jax():

@@ -15,7 +15,7 @@ from typing import Callable
 from worker import startpoint
 from worker.data import counts_over_workers
 from worker.entrypoint import WorkerError
-from worker.host.procs import ENV_RUN
+from worker.host.env import RUN_ID
 from worker.startpoint import FINISHED, Found, Refused, StartPoint
 
 
@@ -52,7 +52,7 @@ NOTHING_LEFT = "this run's training finished in an earlier attempt (every task s
 
 def run_id() -> str:
     """The launcher's id of this run ("" for a worker started by hand): a restart keeps it, a new run has its own."""
-    return os.environ.get(ENV_RUN, "")
+    return os.environ.get(RUN_ID, "")
 
 
 def keeps_backup() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from worker.host import env
 from worker.entrypoint import DataContext, Task, WorkerError, first_set
 
 
@@ -52,7 +53,7 @@ def input_pipelines(tf, strategy, task: Task, worker_index: int, num_workers: in
                            input_context=input_context)
 
     # autotune off with a fixed prefetch: see strategy.quiet_device_datasets
-    autotune = os.environ.get("MGPU_TF_DATA_AUTOTUNE", "0") == "1"
+    autotune = os.environ.get(env.TF_DATA_AUTOTUNE, "0") == "1"
     options = dataset_options(task.shard, autotune=autotune)
     prefetch = tf.data.AUTOTUNE if autotune else task.prefetch
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from worker.errors import WorkerError
+from worker.host import env
 from worker.strategy import SHARD_POLICIES
 
 __all__ = ["DataContext", "EntrypointError", "Task", "WorkerError", "first_set", "load_entrypoint",
@@ -180,7 +181,7 @@ def data_problem(spec: str, func: Callable[[], Any]) -> str | None:
     from worker import entrypoint as contract  # its Task, also where this module runs as __main__
 
     task = contract.load_entrypoint(spec, func)
-    n, index = int(os.environ.get("MGPU_NUM_WORKERS") or 1), int(os.environ.get("MGPU_TASK_INDEX") or 0)
+    n, index = int(os.environ.get(env.NUM_WORKERS) or 1), int(os.environ.get(env.TASK_INDEX) or 0)
     built = task.train_data(contract.DataContext(global_batch_size=n, per_replica_batch_size=1, num_replicas=n,
                                                  num_workers=n, worker_index=index, training=True, input_context=None))
     if features_labels(built):

@@ -8,8 +8,9 @@ import os
 from typing import Mapping
 
 from worker.errors import SettingError, WorkerError
+from worker.host.env import NUM_WORKERS
 
-PLANNED = "MGPU_NUM_WORKERS"  # worker.host.env.task_environment's
+PLANNED = NUM_WORKERS  # worker.host.env.task_environment's
 
 
 class OtherGroup(WorkerError):

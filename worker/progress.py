@@ -14,7 +14,7 @@ from typing import Any
 
 from worker.errors import SettingError
 from worker.protocol import FILE_MAX_BYTES, ProgressState, json_object
-from worker.host import layout
+from worker.host import env, layout
 from worker.host.files import write_private
 
 FILENAME = layout.PROGRESS
@@ -67,7 +67,7 @@ def read_progress(path: str) -> dict | None:
 
 def interval_from_env() -> float:
     """MGPU_PROGRESS_INTERVAL: seconds between progress.json writes on batches."""
-    text = os.environ.get("MGPU_PROGRESS_INTERVAL", "").strip() or str(DEFAULT_INTERVAL_S)
+    text = os.environ.get(env.PROGRESS_INTERVAL, "").strip() or str(DEFAULT_INTERVAL_S)
     value = number(text)
     if value is None or value < 0:
         raise SettingError(f"MGPU_PROGRESS_INTERVAL is {text!r}, not a number of seconds (0 or more): set it to the "

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Callable
 
+from worker.host import env
 from worker.host.modules import remember
 from worker.progress import ProgressWriter, number, format_epoch_line, training_rate
 from worker.protocol import ProgressState
@@ -46,7 +47,7 @@ def callback_class(keras=None):
             super().__init__()
             if writer is None:
                 if run_dir == "":
-                    run_dir = os.environ.get("MGPU_RUN_DIR") or None
+                    run_dir = os.environ.get(env.RUN_DIR) or None
                 if task is None:
                     from worker.strategy import task_id_from_env
 

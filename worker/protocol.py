@@ -76,7 +76,7 @@ class Output(Event):
 @dataclass(frozen=True)
 class Progress(Event):
     kind: ClassVar[str] = "progress"
-    progress: dict
+    progress: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return any(isinstance(x, (dict, list)) for x in level)
 
 
-def json_object(raw: bytes) -> dict | None:
+def json_object(raw: bytes) -> dict[str, Any] | None:
     """The JSON object in a file the training can write (progress.json, task.json), or None: it is untrusted
     input (too big, not JSON, not an object, nested too deep)."""
     if len(raw) > FILE_MAX_BYTES:
@@ -160,14 +160,15 @@ class BadRecord(ValueError):
     """A line that is not a record of this protocol."""
 
 
-_SIMPLE = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list[str]": list,
-           "None": type(None)}
+# each field's declared type, as written in the records above, and the JSON values that are one
+_SIMPLE: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool,
+                                              "dict[str, Any]": dict, "list[str]": list, "None": type(None)}
 
 
-def _typed(cls: type[Event], data: dict) -> dict:
+def _typed(cls: type[Event], data: dict[str, Any]) -> dict[str, Any]:
     """The fields of `cls` in `data`, each of its declared type (a record is untrusted input: a file
     channel lies in a folder the training can write to); TypeError for any other."""
-    out = {}
+    out: dict[str, Any] = {}
     for f in fields(cls):
         if f.name not in data:
             continue
@@ -175,7 +176,7 @@ def _typed(cls: type[Event], data: dict) -> dict:
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, tuple(
                 t for k in kinds for t in (k if isinstance(k, tuple) else (k,)))):
             raise TypeError(f"{f.name} is {type(value).__name__}")
-        if str(f.type) == "list[str]" and not all(isinstance(x, str) for x in value):
+        if str(f.type) == "list[str]" and isinstance(value, list) and not all(isinstance(x, str) for x in value):
             raise TypeError(f"{f.name} holds a non-string")
         if isinstance(value, dict) and too_deep(value):
             raise TypeError(f"{f.name} is nested too deep")

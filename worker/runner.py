@@ -18,7 +18,7 @@ from worker import checkpoints
 from worker.checkpoints import (NOTHING_LEFT, TF_BACKUP, Preempted, checkpoint_callbacks, claim, notice_held,
                                 start_agreed, start_point, tell_finished)
 from worker.data import counts_over_workers, input_pipelines
-from worker.host import layout
+from worker.host import env, layout
 from worker.entrypoint import (DataContext, EntrypointError, Task, WorkerError, first_set,
                                load_entrypoint, resolve_entrypoint)
 from worker.progress import ProgressWriter
@@ -132,7 +132,7 @@ def say(line: str) -> None:
 
 def run(config: RunConfig) -> dict:
     """Trains the entrypoint's task on this worker; returns a summary (history, paths, times)."""
-    run_dir = config.run_dir or os.environ.get("MGPU_RUN_DIR") or None
+    run_dir = config.run_dir or os.environ.get(env.RUN_DIR) or None
     info = cluster_from_env()
     task_id = task_id_from_env()
     writer = ProgressWriter(run_dir, task=task_id)
@@ -233,7 +233,7 @@ def _step_clock(tf, model):
     or the optimizer is one it cannot wrap."""
     from worker.steptime import StepClock
 
-    if os.environ.get("MGPU_STEP_CLOCK", "1") == "0":
+    if os.environ.get(env.STEP_CLOCK, "1") == "0":
         return None
     clock = StepClock(tf)
     try:

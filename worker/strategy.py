@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 from worker.errors import SettingError
 from worker.groupsize import check_workers
 from worker.host.clock import wait_until
+from worker.host.env import TASK_INDEX, TF_CONFIG, TF_DATA_AUTOTUNE
 
 COLLECTIVES = ("auto", "ring", "nccl")
 FIX_TF_CONFIG = ("mgpu-cluster sets it for each task; when you set it yourself, give every task the same cluster "
@@ -46,7 +47,7 @@ class ClusterInfo:
 def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     """Reads TF_CONFIG (the chief is the `chief` job, else worker 0); no TF_CONFIG -> one task."""
     env = os.environ if environ is None else environ
-    raw = env.get("TF_CONFIG", "").strip()
+    raw = env.get(TF_CONFIG, "").strip()
     if not raw:
         return ClusterInfo(workers=(), task_type="worker", task_index=0, task_id=0)
     try:
@@ -75,7 +76,7 @@ def cluster_from_env(environ: Mapping[str, str] | None = None) -> ClusterInfo:
 def task_id_from_env(environ: Mapping[str, str] | None = None) -> int:
     """MGPU_TASK_INDEX when the launcher set it, else the position in TF_CONFIG."""
     env = os.environ if environ is None else environ
-    text = env.get("MGPU_TASK_INDEX", "").strip()
+    text = env.get(TASK_INDEX, "").strip()
     if text:
         if not text.isdigit():
             raise SettingError(f"MGPU_TASK_INDEX is {text!r}, not a task number (0, 1, ...): set it to this task's "
@@ -250,7 +251,7 @@ def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "a
         raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, "
                          f"not {collective!r}")
     info = cluster_from_env(environ)
-    check_workers(info.num_workers, "TF_CONFIG" if info.workers else "no TF_CONFIG", environ)
+    check_workers(info.num_workers, TF_CONFIG if info.workers else "no TF_CONFIG", environ)
     from worker import replicas as local
 
     tf = import_tensorflow()
@@ -269,7 +270,7 @@ def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "a
         else:
             chosen = impl.NCCL if collective == "nccl" else impl.RING
         options = tf.distribute.experimental.CommunicationOptions(implementation=chosen)
-        if os.environ.get("MGPU_TF_DATA_AUTOTUNE", "0") != "1":
+        if os.environ.get(TF_DATA_AUTOTUNE, "0") != "1":
             quiet_device_datasets()
         wait_for_chief(info)
         if cpu_replicas:

@@ -54,8 +54,9 @@ def end_state(current: TaskState, code: int | None, notice: bool, lost: bool = F
     """The one rule for how a task ended: its exit `code` (None: its supervisor was lost), whether it had notice
     (a host or scheduler taking the machine, or a peer's: preempted, saved or not), and whether the launcher was
     stopping it (then a pending or running task is stopped, or lost where its supervisor went away; a failed or
-    preempted one stays so)."""
-    if not lost and (notice or code == EXIT_PREEMPTED):
+    preempted one stays so). The built-in runner saves on any TERM and exits EXIT_PREEMPTED: on the launcher's
+    own stop (`down`, Ctrl-C, a failure's teardown) that is a stop that saved, not a preemption."""
+    if not lost and notice:
         return TaskState.PREEMPTED
     if stopping:
         if current in (TaskState.PENDING, TaskState.RUNNING):
@@ -63,4 +64,6 @@ def end_state(current: TaskState, code: int | None, notice: bool, lost: bool = F
         return current
     if lost:
         return TaskState.LOST
+    if code == EXIT_PREEMPTED:  # a notice the task took itself (a TERM to its process)
+        return TaskState.PREEMPTED
     return TaskState.SUCCEEDED if code == 0 else TaskState.FAILED

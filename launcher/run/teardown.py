@@ -34,7 +34,8 @@ def collect(run: RunRecord, live: LiveAttempt, seconds: float, say: Say) -> None
         task = run.task(index)
         if isinstance(ev, protocol.Exit):
             live.saw_end(index)
-            task.ended(end_state(task.state, ev.code, bool(ev.notice), stopping=True), time.time(), ev.code)
+            notice = bool(ev.notice) or live.preempted_at is not None  # a teardown of a preempted group saves
+            task.ended(end_state(task.state, ev.code, notice, stopping=True), time.time(), ev.code)
         elif isinstance(ev, protocol.Lost):
             live.saw_end(index)
             task.ended(end_state(task.state, None, False, lost=True, stopping=True), time.time())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
+from typing import Any
 
 XLA_CPU_DEVICES = "--xla_force_host_platform_device_count"  # XLA's logical devices on the CPU platform
 
@@ -40,23 +41,34 @@ def _check_rank(workers: list[str], rank: int) -> None:
         raise ValueError(f"rank {rank} is not one of the cluster's {len(workers)} task(s)")
 
 
-def tf_config(workers: list[str], rank: int) -> dict:
+def tf_config(workers: list[str], rank: int) -> dict[str, Any]:
     """TF_CONFIG of the task of `rank` among `workers` (host:port, in rank order); rank 0 is the chief."""
     _check_rank(workers, rank)
     return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": rank}}
 
 
+# every variable name of the task environment, spelled here alone (tests/test_structure.py)
+TF_CONFIG, VISIBLE_DEVICES, KERAS_BACKEND = "TF_CONFIG", "CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"
+RUN_ID, RUN_DIR, TASK_INDEX, NUM_WORKERS = "MGPU_RUN_ID", "MGPU_RUN_DIR", "MGPU_TASK_INDEX", "MGPU_NUM_WORKERS"
 NUM_PROCESSES, PROCESS_ID = "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"
+JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
 HOST_ADDRESS = "MGPU_HOST_ADDRESS"  # on JAX: this task's address in the cluster, where its collectives listen
-KERAS_VARIABLES = ("KERAS_BACKEND", "KERAS_DISTRIBUTION_JOB_ADDRESSES", NUM_PROCESSES, PROCESS_ID)
+KERAS_VARIABLES = (KERAS_BACKEND, JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID)
+ATTEMPT = "MGPU_ATTEMPT"  # set by the task core at exec time: which attempt a process was started for
+FORK_SERVER = "fork-server"  # a fork server's ATTEMPT: no attempt's sweep stops it, a run's does
+FORK_GROUP = "MGPU_FORK_GROUP"  # "own": a fork server's autogroup is its own (an SSH session's), niced while idle
+# read by the worker, set by a user (or a test) where wanted: the builder sets none of them
+PROGRESS_INTERVAL, STEP_CLOCK = "MGPU_PROGRESS_INTERVAL", "MGPU_STEP_CLOCK"
+TF_DATA_AUTOTUNE = "MGPU_TF_DATA_AUTOTUNE"
+HOME = "MGPU_HOME"  # the launcher's own: where it keeps its runs
 
 
 HOSTS = "[[hosts]] (or [slurm] nodes, [kubernetes] workers)"
 # the variables this builder owns, by the spec key that sets each: a spec's env that sets one is refused (a task
 # would train in another group, or on other devices, than the launcher planned and its preflight checked)
-OWNED = {"TF_CONFIG": HOSTS, "MGPU_TASK_INDEX": HOSTS, "MGPU_NUM_WORKERS": HOSTS, "KERAS_BACKEND": "[training] backend",
-         "CUDA_VISIBLE_DEVICES": "gpus (or [slurm] gpus_per_node, [kubernetes] gpus_per_worker)",
-         "MGPU_RUN_ID": "`up` (each run's own id)", "MGPU_RUN_DIR": "workdir", HOST_ADDRESS: "address"}
+OWNED = {TF_CONFIG: HOSTS, TASK_INDEX: HOSTS, NUM_WORKERS: HOSTS, KERAS_BACKEND: "[training] backend",
+         VISIBLE_DEVICES: "gpus (or [slurm] gpus_per_node, [kubernetes] gpus_per_worker)",
+         RUN_ID: "`up` (each run's own id)", RUN_DIR: "workdir", HOST_ADDRESS: "address"}
 OWNED_PREFIXES = {"KERAS_DISTRIBUTION_": HOSTS}  # every variable keras.distribution reads
 OWNED_FLAGS = {"XLA_FLAGS": {XLA_CPU_DEVICES: "[training] local_replicas"}}  # a flag inside a variable
 
@@ -74,8 +86,10 @@ def owner(name: str, value: str = "") -> tuple[str, str] | None:
     the spec key to use instead; else None."""
     prefix = next((p for p in OWNED_PREFIXES if name.startswith(p)), None)
     flag = next((f for f in OWNED_FLAGS.get(name, ()) if f in value), None)
-    if name in OWNED or prefix:
-        return name, OWNED.get(name) or OWNED_PREFIXES[prefix]
+    if name in OWNED:
+        return name, OWNED[name]
+    if prefix:
+        return name, OWNED_PREFIXES[prefix]
     return (f"{flag} in {name}", OWNED_FLAGS[name][flag]) if flag else None
 
 
@@ -83,8 +97,8 @@ def visible_devices(gpus: int | str | list[int] | None) -> dict[str, str]:
     """CUDA_VISIBLE_DEVICES for a task's GPUs, the one rule of every engine: "" where it has none ("none", or 0
     GPUs: it must not take a GPU it could see), the indices where named, nothing for "all", a count or no setting."""
     if gpus in ("none", 0):
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if isinstance(gpus, list) else {}
+        return {VISIBLE_DEVICES: ""}
+    return {VISIBLE_DEVICES: ",".join(map(str, gpus))} if isinstance(gpus, list) else {}
 
 
 def pod_environment(gpus: int, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -114,10 +128,10 @@ def task_environment(common: dict[str, str], workers: list[str], rank: int, run_
     its rank (an elastic run that goes on with fewer hosts). On JAX, `cpu_devices` (local_replicas on a
     task without GPUs) is XLA's device count on the CPU, before the flags of a user's XLA_FLAGS (the
     last of a flag wins)."""
-    run = {"MGPU_RUN_ID": run_id, "MGPU_TASK_INDEX": str(rank if index is None else index),
-           "MGPU_NUM_WORKERS": str(len(workers)), "MGPU_RUN_DIR": run_dir}
+    run = {RUN_ID: run_id, TASK_INDEX: str(rank if index is None else index),
+           NUM_WORKERS: str(len(workers)), RUN_DIR: run_dir}
     if Backend(backend) is not Backend.JAX:
-        env = {"TF_CONFIG": json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
+        env = {TF_CONFIG: json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
                "PYTHONUNBUFFERED": "1"}
         return {**env, **common}
     # the task's own address: JAX's gloo binds where the host's name resolves unless told (127.0.x.1 on many hosts)
@@ -127,3 +141,9 @@ def task_environment(common: dict[str, str], workers: list[str], rank: int, run_
         env["XLA_FLAGS"] = flags
         common = {**common, "XLA_FLAGS": flags}
     return {**env, **common}
+
+
+def at_exec(run_dir: str, attempt: str) -> dict[str, str]:
+    """What the task core adds when it starts a process, known only then: the task's folder made absolute
+    (the builder may give it relative to the workdir) and the attempt (or FORK_SERVER)."""
+    return {RUN_DIR: run_dir, "PYTHONUNBUFFERED": "1", ATTEMPT: attempt}

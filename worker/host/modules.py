@@ -12,7 +12,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from worker.host import layout
+from worker.host import env, layout
 from worker.host.files import write_private
 
 # a module's dotted name, none of its parts private
@@ -56,7 +56,7 @@ def _roots() -> tuple[str, ...]:
 def remembered() -> list[str]:
     """The modules the task's last attempt imported (a file the training wrote: untrusted, bounded, checked)."""
     try:
-        with open(os.path.join(os.environ.get("MGPU_RUN_DIR", ""), layout.MODULES), "rb") as f:
+        with open(os.path.join(os.environ.get(env.RUN_DIR, ""), layout.MODULES), "rb") as f:
             raw = f.read(MODULES_MAX * 64)
     except OSError:
         return []

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 
 import psutil
 
-ENV_RUN, ENV_TASK = "MGPU_RUN_ID", "MGPU_TASK_INDEX"
-ENV_ATTEMPT = "MGPU_ATTEMPT"  # set by the task core on what it starts (worker.task.core)
+from worker.host import env as names
+
 
 
 def identity(pid: int) -> tuple[int, float] | None:
@@ -47,8 +48,8 @@ def of_task(run_id: str, index: int | str, exclude: int | None = None, attempt: 
             continue
         try:
             env = proc.environ()
-            if env.get(ENV_RUN) == run_id and env.get(ENV_TASK) == str(index) \
-                    and (attempt is None or env.get(ENV_ATTEMPT, str(attempt)) == str(attempt)) \
+            if env.get(names.RUN_ID) == run_id and env.get(names.TASK_INDEX) == str(index) \
+                    and (attempt is None or env.get(names.ATTEMPT, str(attempt)) == str(attempt)) \
                     and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
@@ -66,10 +67,11 @@ def _signal(proc: psutil.Process, sig: int, group: bool) -> None:
         pass
 
 
-def stop(procs: list[psutil.Process], grace: float, group: bool = True, first: int = signal.SIGTERM) -> list[psutil.Process]:
-    """`first` (TERM) to each process (its whole group when it leads one), KILL what is left after
-    `grace` seconds; the processes still alive after that (normally none)."""
-    procs = [p for p in procs if p is not None]
+def stop(found: Sequence[psutil.Process | None], grace: float, group: bool = True,
+         first: int = signal.SIGTERM) -> list[psutil.Process]:
+    """`first` (TERM) to each process found (its whole group when it leads one; None: none found), KILL what
+    is left after `grace` seconds; the processes still alive after that (normally none)."""
+    procs = [p for p in found if p is not None]
     for proc in procs:
         _signal(proc, first, group)
         _signal(proc, signal.SIGCONT, group)  # a stopped (SIGSTOP) process only sees TERM once continued

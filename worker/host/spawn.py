@@ -10,8 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any, Protocol
 
-OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 # `python -m M` puts the current folder first on sys.path, where a user's worker.py would take our package's
 # name; our entries run through this instead, with that entry dropped (the built-in runner puts the workdir back
@@ -25,7 +26,16 @@ def module_argv(python: str, module: str) -> list[str]:
     return [python, "-c", BOOT, module]
 
 
-def stop_group(proc: subprocess.Popen, grace: float) -> None:
+class Leader(Protocol):
+    """A child that leads its process group: a subprocess.Popen, or an attempt a fork server forked."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def stop_group(proc: Leader, grace: float) -> None:
     """Stop a child that leads its process group: TERM (and CONT, for a stopped one) to the group, KILL to
     what is left of it after `grace` seconds (also what the leader left in its group)."""
     for sig in (signal.SIGTERM, signal.SIGCONT):

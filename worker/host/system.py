@@ -8,7 +8,10 @@ import shutil
 import signal
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def bind_error(port: int) -> str | None:
@@ -28,10 +31,10 @@ def bind_error(port: int) -> str | None:
 class Ports:
     """Port holders; the (slow) list of listening sockets is read once, at the first busy port."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.listeners: dict[int, int | None] | None = None
 
-    def holder(self, port: int) -> dict | None:
+    def holder(self, port: int) -> dict[str, Any] | None:
         err = bind_error(port)
         if err is None:
             return None
@@ -45,7 +48,7 @@ class Ports:
             self.listeners = {c.laddr.port: c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
         if port not in self.listeners:
             return {"pid": None, "name": None, "cmdline": f"bind failed: {err}"}
-        holder = {"pid": self.listeners[port], "name": None, "cmdline": None}
+        holder: dict[str, Any] = {"pid": self.listeners[port], "name": None, "cmdline": None}
         try:
             p = psutil.Process(holder["pid"])
             holder.update(name=p.name(), cmdline=" ".join(p.cmdline()))
@@ -88,7 +91,7 @@ def child_setup(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Cal
     return child if prctl is not None or cpus else None
 
 
-def tree_rss(proc) -> int:
+def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of a psutil.Process and all its descendants, in bytes."""
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
 
@@ -119,7 +122,8 @@ class Meter:
     psutil has no figures (yet, or any more)."""
 
     def __init__(self, pid: int):
-        self.pid, self.ps = pid, None
+        self.pid = pid
+        self.ps: psutil.Process | None = None
 
     def read(self) -> tuple[float | None, int | None, str | None]:
         try:
@@ -147,8 +151,9 @@ def free_space(path: Path) -> str:
     return "free space unknown"
 
 
-def write_problem(path: Path, exc: OSError) -> str:
-    """One sentence for a write that failed: the path, why, and the free space there."""
-    why = exc.strerror or str(exc)
+def write_problem(path: Path, exc: OSError | ValueError) -> str:
+    """One sentence for a write that failed (ValueError: to a file closed under it): the path, why, and the
+    free space there."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     gone = "" if path.parent.exists() else f" (its folder {path.parent} no longer exists)"
     return f"cannot write {path}: {why}{gone}; {free_space(path)} there"

@@ -12,7 +12,7 @@ from typing import Any, Callable, MutableMapping
 
 from worker.errors import SettingError, WorkerError
 from worker.groupsize import check_replicas, check_workers
-from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID
+from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID, TASK_INDEX
 from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
 from worker.protocol import EXIT_PREEMPTED
 
@@ -37,7 +37,7 @@ def _whole(name: str, default: int, environ: MutableMapping[str, str]) -> int:
 
 def task_index(environ: MutableMapping[str, str] = os.environ) -> int:
     """MGPU_TASK_INDEX where the launcher set it, else KERAS_DISTRIBUTION_PROCESS_ID, else 0."""
-    return _whole("MGPU_TASK_INDEX", _whole(PROCESS_ID, 0, environ), environ)
+    return _whole(TASK_INDEX, _whole(PROCESS_ID, 0, environ), environ)
 
 
 @dataclass(frozen=True)

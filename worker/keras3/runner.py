@@ -16,6 +16,7 @@ from typing import Any
 from worker import checkpoints
 from worker.checkpoints import (Preempted, claim, finished_agreed, finished_here, notice_held, start_point,
                                 tell_finished)
+from worker.host import env
 from worker.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
 from worker.keras3.data import feeds
@@ -67,7 +68,7 @@ def _not_here(config: RunConfig, every: int | None) -> None:
 
 def run(config: RunConfig) -> dict:
     """Trains the entrypoint's task on this process, with every process of the group; returns a summary."""
-    run_dir = config.run_dir or os.environ.get("MGPU_RUN_DIR") or None
+    run_dir = config.run_dir or os.environ.get(env.RUN_DIR) or None
     writer = ProgressWriter(run_dir, task=task_index())
     writer.update(force=True, state=str(ProgressState.STARTING))
     split_host(config.local_replicas)  # before JAX is imported

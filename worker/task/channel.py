@@ -60,7 +60,8 @@ class FileChannel(Channel):
     record starts a line of its own (the reader skips the torn one)."""
 
     def __init__(self, path: Path):
-        self.path, self.lock, self.fd = path, threading.Lock(), None
+        self.path, self.lock = path, threading.Lock()
+        self.fd: int | None = None
         self.torn = False  # the last record was cut short: the next one starts on a fresh line
         self.failed: OSError | None = None  # the first write that failed (said once on stderr)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.host import layout
+from worker.host import env, layout
 from worker.host.spawn import OWN_GROUP, stop_group
 from worker.host.system import Meter, child_setup, port_holder, private_memory
 from worker.task import forkserver
@@ -48,7 +48,6 @@ EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.
 # a server's memory is read from its smaps (thousands of mappings: tens of ms of a core) this seldom, once it is ready
 MEMORY_EVERY_S = 30.0
 WARM_TRIES = 3  # a fork server that dies while its standby holds it is started again, this many times in all
-ENV_ATTEMPT = "MGPU_ATTEMPT"  # worker.host.procs.ENV_ATTEMPT: which attempt a process was started for
 
 
 def _import_rest() -> None:
@@ -81,21 +80,21 @@ class TaskCore:
         self.setup, self.channel = setup, channel
         self.run_dir = setup.run_dir
         self.stopping = threading.Event()
-        self.proc: subprocess.Popen | Forked | None = None
+        self.proc: subprocess.Popen[bytes] | Forked | None = None
         self.lines = Lines()
         self.last_progress = b""
         self.notice = ""  # the signal that gave notice, if one did
         self.grace = setup.grace  # TERM to KILL, as the stop asked
         self.folder = TaskFolder(setup.run_dir, self.tell)
-        self.run_id = setup.env.get("MGPU_RUN_ID", "")  # procs.ENV_RUN and ENV_TASK, spelled out
-        self.index = setup.env.get("MGPU_TASK_INDEX", "")
+        self.run_id = setup.env.get(env.RUN_ID, "")
+        self.index = setup.env.get(env.TASK_INDEX, "")
         self.begun, self.woken = threading.Event(), threading.Event()  # a standby's start; any reason to look
         self.server: Server | None = None  # the task's fork server, while this core holds it
         self.memory: tuple[int, float, int | None] | None = None  # (server pid, when read, what holding it adds)
         self.program = Program.of(setup.argv, sys.executable) if setup.warm else None  # None: it starts cold
 
     # ---- what we say
-    def emit(self, event) -> None:
+    def emit(self, event: Any) -> None:  # a worker.protocol.Event: imported once the task runs
         self.channel.send(protocol.encode(event))
 
     def note(self, text: str) -> None:
@@ -121,8 +120,7 @@ class TaskCore:
 
     @property
     def program_env(self) -> dict[str, str]:
-        return {**os.environ, **self.setup.env, "MGPU_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1",
-                ENV_ATTEMPT: str(self.setup.attempt)}
+        return {**os.environ, **self.setup.env, **env.at_exec(str(self.run_dir), str(self.setup.attempt))}
 
     def run(self) -> int:
         s = self.setup
@@ -185,7 +183,7 @@ class TaskCore:
     # ---- the fork server: an attempt forked from it, and a standby that holds it for the next attempt
     @property
     def server_env(self) -> dict[str, str]:
-        return {**self.program_env, ENV_ATTEMPT: forkserver.MARK}
+        return {**self.program_env, env.ATTEMPT: env.FORK_SERVER}
 
     def open_server(self, idle: bool) -> Server:
         assert self.program is not None
@@ -287,8 +285,16 @@ class TaskCore:
                                 notice=self.notice if code != 0 else ""))
         return 128 - code if code < 0 else code
 
+    @property
+    def child(self) -> subprocess.Popen[bytes] | Forked:
+        """The task's process, once started (pump, watch and the stops run only then)."""
+        assert self.proc is not None, "the task is not started"
+        return self.proc
+
     def pump(self) -> None:
-        fd = self.proc.stdout.fileno()
+        stdout = self.child.stdout
+        assert stdout is not None  # started with stdout=PIPE (a forked one: its pipe)
+        fd = stdout.fileno()
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -352,7 +358,7 @@ class TaskCore:
         return min(elapsed, PROGRESS_POLL_S * (1 + POLL_JITTER)) if elapsed > 0 else 0.0  # (NaN, a clock step back)
 
     def past_grace(self) -> None:
-        if self.proc.poll() is None:
+        if self.child.poll() is None:
             self.note(f"still running {self.setup.preempt_grace:g} s (preempt_grace) after its notice: killed")
             self.stop_task(0)
 
@@ -360,7 +366,7 @@ class TaskCore:
         """Forward output, progress and stats until the task ends. Wakes when output arrives (at most
         every FORWARD_EVERY_S) or a poll is due, not on a fixed tick."""
         poll_at = stats_at = 0.0
-        while self.proc.poll() is None:
+        while self.child.poll() is None:
             spoke = self.forward()
             if spoke:
                 time.sleep(FORWARD_EVERY_S)  # more is coming: send it in batches
@@ -407,6 +413,6 @@ class TaskCore:
 
     def stop_task(self, grace: float) -> None:
         _import_rest()  # a stop may come from another thread as the task starts
-        stop_group(self.proc, grace)
+        stop_group(self.child, grace)
         if self.run_id:
             procs.stop(procs.of_task(self.run_id, self.index, attempt=self.setup.attempt), 0)

@@ -3,6 +3,7 @@ or a deleted folder is said once per folder and never ends the task nor loses it
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,7 @@ from worker.host.system import write_problem
 class TaskFolder:
     def __init__(self, path: Path, tell: Callable[[str], None]):
         self.path, self.tell = path, tell  # tell: how a failed write reaches the launcher
-        self.log = None
+        self.log: io.FileIO | None = None
         self.failed: set[str] = set()
 
     def prepare(self, header: bytes) -> None:
@@ -59,7 +60,7 @@ class TaskFolder:
         except OSError as exc:
             self.write_failed(self.path / name, exc)
 
-    def write_failed(self, path: Path, exc: OSError) -> None:
+    def write_failed(self, path: Path, exc: OSError | ValueError) -> None:
         if str(path.parent) in self.failed:  # said once per folder: one paragraph, not one a file
             return
         self.failed.add(str(path.parent))

@@ -24,14 +24,14 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from typing import cast
 
+from worker.host import env
 from worker.host.modules import remembered
 from worker.host.system import child_setup
 from worker.task.program import Program, run_and_exit
 
 READY = b"ready\n"
-MARK = "fork-server"  # its MGPU_ATTEMPT (worker.host.procs): no attempt's sweep stops it, a run's does
-ENV_GROUP = "MGPU_FORK_GROUP"  # "own": its autogroup is its own (an SSH session's), niced with it while idle
 START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
 REQUEST_MAX = 1 << 20
 
@@ -96,13 +96,13 @@ def idle() -> bool:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError, ValueError):
         return False
-    if os.environ.get(ENV_GROUP) == "own":
+    if os.environ.get(env.FORK_GROUP) == "own":
         _autogroup(19)
     return True
 
 
 def unidle() -> None:
-    if os.environ.get(ENV_GROUP) == "own":
+    if os.environ.get(env.FORK_GROUP) == "own":
         _autogroup(0)
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
@@ -112,7 +112,7 @@ def unidle() -> None:
 
 def _imports(ours: str | None) -> None:
     """What every attempt's start imports; a failure is left for the program itself to meet and tell."""
-    jax = os.environ.get("KERAS_BACKEND") == "jax"
+    jax = os.environ.get(env.KERAS_BACKEND) == "jax"
     try:
         if jax:
             import keras  # noqa: F401  (and JAX under it)
@@ -156,7 +156,8 @@ def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> No
         pass
     pidfd = os.pidfd_open(trainer)
     while True:
-        ready = select.select([link, pidfd], [], [])[0]
+        watched: list[socket.socket | int] = [link, pidfd]
+        ready = select.select(watched, [], [])[0]
         if pidfd in ready:
             break
         try:
@@ -221,7 +222,7 @@ class Server:
                 if key.fileobj is self.listener:
                     self.accept()
                 else:
-                    self.heard(key.fileobj)
+                    self.heard(cast(socket.socket, key.fileobj))  # what accept() registered: a client
             self.reap()
 
     def accept(self) -> None:

@@ -41,7 +41,7 @@ def clip(line: str, limit: int = LINE_MAX, cut: bool = False) -> str:
 class Lines:
     """Splits raw output into lines for the launcher: cut at LINE_MAX, a bounded queue, the last lines."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.partial = b""
         self.cutting = False  # inside a line that was already cut: skip to its end
         self.pending: collections.deque[str] = collections.deque()
@@ -89,7 +89,8 @@ class Lines:
     def take(self, limit: int, max_bytes: int = 1 << 62) -> tuple[list[str], int]:
         """Up to `limit` lines (and about `max_bytes` encoded), and how many were dropped since the last take."""
         with self.lock:
-            lines, size = [], 0
+            lines: list[str] = []
+            size = 0
             while self.pending and len(lines) < limit and size < max_bytes:
                 lines.append(self.pending.popleft())
                 size += encoded(lines[-1]) + 2

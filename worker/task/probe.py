@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -36,26 +37,27 @@ def _exit_code(raw: bytes) -> int | None:
         return None
 
 
-def task_info(d: Path) -> dict:
+def task_info(d: Path) -> dict[str, Any]:
     """task.json of a task folder (pids with their create times), {} when missing or not one."""
     return json_object(_read(layout.file(d, layout.TASK_INFO))) or {}
 
 
-def _named(info: dict, who: str = ""):
+def _named(info: dict[str, Any], who: str = "") -> psutil.Process | None:
     """The live process task.json names as `who`pid, only with its create time (the training can write the
     file: a pid alone would name anybody's process)."""
     created = info.get(f"{who}create_time")
     return procs.same(info.get(f"{who}pid"), created) if isinstance(created, (int, float)) else None
 
 
-def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
+def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, Any]]:
     """What each task's folder says: pid, alive, exit code, progress, CPU% (over cpu_window) and RSS."""
-    rows, procs = [], []
+    rows: list[dict[str, Any]] = []
+    procs: list[psutil.Process | None] = []
     for run_dir in run_dirs:
         d = Path(run_dir)
         info = task_info(d)
         proc = _named(info)
-        row = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
+        row: dict[str, Any] = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
                "exit_code": _exit_code(_read(layout.file(d, layout.EXIT_CODE))), "progress": json_object(_read(layout.file(d, layout.PROGRESS))),
                "cpu_percent": None, "rss": None}
         if proc is not None:
@@ -81,11 +83,11 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict]:
     return rows
 
 
-def probe(run_dir: str) -> dict:
+def probe(run_dir: str) -> dict[str, Any]:
     return probe_many([run_dir])[0]
 
 
-def stop(run_dir: str, grace: float = 5.0) -> dict:
+def stop(run_dir: str, grace: float = 5.0) -> dict[str, Any]:
     """Stop a task from its folder alone: its supervisor (INT: stop now), its training group, and
     every process left with the task's run id in its environment; each pid checked by create time."""
     info = task_info(Path(run_dir))

@@ -13,6 +13,7 @@ import sys
 import threading
 import traceback
 import types
+from typing import Any
 from dataclasses import dataclass
 
 from worker.host.spawn import BOOT
@@ -49,11 +50,11 @@ class Program:
             return cls(Form.SCRIPT, rest[0], tuple(rest[1:]))
         return None
 
-    def encode(self) -> dict:
+    def encode(self) -> dict[str, Any]:
         return {"form": self.form.value, "target": self.target, "args": list(self.args)}
 
     @classmethod
-    def decode(cls, data: dict) -> "Program":
+    def decode(cls, data: dict[str, Any]) -> "Program":
         args = data["args"]
         if not isinstance(data["target"], str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise ValueError("not a program")
@@ -83,7 +84,8 @@ class Program:
             with open(path, "rb") as f:
                 code = compile(f.read(), path, "exec")
             main = types.ModuleType("__main__")
-            main.__file__, main.__builtins__ = path, __builtins__
+            main.__file__ = path
+            main.__dict__["__builtins__"] = __builtins__
             sys.modules["__main__"] = main
             sys.path.insert(0, os.path.dirname(path))
             sys.argv = [self.target, *self.args]
@@ -102,7 +104,8 @@ def run_and_exit(program: Program) -> None:
         traceback.print_exc()
         code = 1
     try:
-        threading._shutdown()  # type: ignore[attr-defined]  (the non-daemon threads, as at the interpreter's end)
+        # private, so not in the stub: it joins the non-daemon threads, as at the interpreter's end
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()

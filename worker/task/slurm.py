@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from worker.host import env, layout
 from worker.host.env import endpoint
@@ -48,7 +49,7 @@ def workers(nodes: list[str], addresses: dict[str, str], port: int) -> list[str]
     return [endpoint(addresses.get(n) or n, port) for n in nodes]
 
 
-def tf_config(nodes: list[str], addresses: dict[str, str], port: int, rank: int) -> dict:
+def tf_config(nodes: list[str], addresses: dict[str, str], port: int, rank: int) -> dict[str, Any]:
     return env.tf_config(workers(nodes, addresses, port), rank)
 
 

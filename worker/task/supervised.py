@@ -102,17 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("give the program to run after --")
-    env: dict[str, str] | None = {}
+    env: dict[str, str] = {}
     rest = b""
     if args.env_stdin:
         try:
-            env, rest = read_env_line()
+            read, rest = read_env_line()
         except (ValueError, OSError) as exc:
             parser.error(f"--env-stdin: {exc}")
-        if env is None:  # not a task without its TF_CONFIG and run id: nothing at all
+        if read is None:  # not a task without its TF_CONFIG and run id: nothing at all
             print("mgpu supervisor: stdin ended before the task's environment; nothing was started",
                   file=sys.stderr)
             return 1
+        env = read
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
     setup = TaskSetup(run_dir=args.run_dir.resolve(), attempt=args.attempt, argv=program, env=env, cpus=cpus,
                       port=args.port, grace=args.grace,

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from worker.host import env as names
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import child_setup
 from worker.task import forkserver
@@ -77,7 +78,7 @@ class Forked:
 class Server:
     """A core's connection to its task's fork server; `ready` once the server has imported what it imports."""
 
-    def __init__(self, sock: socket.socket, proc: subprocess.Popen | None, log: Path):
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen[bytes] | None, log: Path):
         self.sock, self.proc, self.log = sock, proc, log
         self.pid = forkserver.peer(sock)[0]
         self.ready = False
@@ -92,7 +93,7 @@ class Server:
             return cls(sock, None, log)
         argv = module_argv(sys.executable, MODULE) + [name, *(["--idle"] if idle else []),
                                                         *(["--ours", ours] if ours else [])]
-        own = {forkserver.ENV_GROUP: "own"} if os.getsid(0) == os.getpid() else {}
+        own = {names.FORK_GROUP: "own"} if os.getsid(0) == os.getpid() else {}
         try:
             with open(log, "ab") as out:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,

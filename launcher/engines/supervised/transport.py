@@ -7,6 +7,7 @@ calls on a Sink (events, output lines, and lines that are not records, which are
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 import os
 import signal
 import subprocess
@@ -33,44 +34,45 @@ class LogUnreadable(OSError):
     """A task's worker.log could not be read on its host (the reason, in the host's words)."""
 
 
-class Handle:
+class Handle(ABC):
     """A started task; `stop()` asks its supervisor to stop it (idempotent). A standby's: `begin()` starts
     its attempt (False when that could not be said: its supervisor is gone)."""
 
+    @abstractmethod
     def stop(self, broken: bool = False) -> None:
         """`broken`: see Launching.stop; said as worker.protocol.BROKEN before the EOF."""
-        raise NotImplementedError
 
+    @abstractmethod
     def begin(self) -> bool:
-        raise NotImplementedError
+        """Its attempt starts now (a standby's): False where that could not be said."""
 
+    @abstractmethod
     def wait(self, timeout: float) -> bool:
         """Whether its supervisor has ended, waiting up to `timeout` seconds."""
-        raise NotImplementedError
 
 
-class Transport:
+class Transport(ABC):
     can_hold = False  # a preflight check can stay and become the task's supervisor (call_and_hold)
 
+    @abstractmethod
     def start(self, plan: TaskPlan, attempt: int, sink: Sink, standby: bool = False) -> Handle:
         """Start the task's supervisor for `attempt`; `standby`: one that waits for Handle.begin()."""
-        raise NotImplementedError
 
+    @abstractmethod
     def probe(self, plans: list[TaskPlan]) -> list[dict]:
         """Per task what its folder says (worker.task.probe.probe_many), in plan order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
         """Stop tasks from their folders alone (no live handle needed)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def call(self, plan: TaskPlan, argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
         """Run a short command in the task's folder on its host, `stdin` its input: (exit code, stdout, stderr)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
         """The task's worker.log from byte `offset` (or its last `tail` lines), as bytes; LogUnreadable."""
-        raise NotImplementedError
 
     def connect(self) -> float:
         """Reach and authenticate with the host now (preflight); seconds it took."""
