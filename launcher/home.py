@@ -13,7 +13,6 @@ from worker.host import env
 
 RUNS = "runs"
 PORTS = "ports"
-ARGS = "args.json"  # in a run's folder: the training's arguments given after `up SPEC --` (for a later --resume)
 RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}\Z")
 
 

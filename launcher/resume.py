@@ -4,15 +4,13 @@ where a new run starts, from what its preflight found in the checkpoint folders.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shlex
 from pathlib import Path
 
 from launcher.engines.base import EngineKind, TaskCheck
-from launcher.errors import PreflightError, RunCorrupt, SpecError
-from launcher.home import ARGS
+from launcher.errors import PreflightError, RunCorrupt, RunNotFound, SpecError
 from launcher.listing import past_preflight, run_ids
 from launcher.plan import SECRET, plan_tasks, run_root
 from launcher.run import files, record
@@ -146,23 +144,12 @@ def start_point(checks: list[TaskCheck], kind: EngineKind, run_id: str, spec_pat
     return points[0] if points else StartPoint()
 
 
-def keep_args(run_id: str, args: list[str]) -> None:
-    """The training's arguments given after `up SPEC --`, kept in the run's folder for a later --resume."""
-    from worker.host.files import write_private
-
-    if args:
-        try:
-            write_private(record.run_path(run_id) / ARGS, json.dumps(args))
-        except OSError:
-            pass  # a full MGPU_HOME: the record itself says so; a resume then needs its arguments again
-
-
 def kept_args(run_id: str) -> list[str]:
+    """The training's arguments run `run_id` was given after `up SPEC --` (none where its record cannot be read)."""
     try:
-        found = json.loads(files.read_file(record.run_path(run_id) / ARGS).decode("utf-8"))
-    except (FileNotFoundError, RunCorrupt, ValueError):
+        return record.load(run_id).args
+    except (RunCorrupt, RunNotFound):
         return []
-    return [str(a) for a in found] if isinstance(found, list) else []
 
 
 def resumed_args(run_id: str, given: list[str]) -> tuple[list[str], str]:

@@ -15,7 +15,7 @@ from launcher.run.failure import Failure, FailureKind
 from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.run.phases import restarts_words
-from launcher.resume import keep_args, resume_hint, resumed, resumed_args, start_point
+from launcher.resume import resume_hint, resumed, resumed_args, start_point
 from launcher.spec import ClusterSpec
 from launcher.specfile import load_spec
 from launcher.run.tables import checks_table, refused, summary
@@ -102,24 +102,22 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
     background = run_id is not None  # started by `up --detach`
     run_id = run_id or record.new_run_id()
     planned = engine_for(spec, run_id)
+    said = [line for line in (resuming, told) if line]
     if dry_run:
         out = Output(threaded=False)
-        for line in (resuming, told):
-            if line:
-                out.say(line)
+        for line in said:
+            out.say(line)
         return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
     launching(spec_path, planned)
     if detach:
         from launcher.run.detach import start_detached
 
         return start_detached(spec_path, run_id, len(planned.plans), verbose, resume=resume, args=given)
-    owner = record.Owner.create(run_id, spec_path, planned.plans, detached=background)
+    owner = record.Owner.create(run_id, spec_path, planned.plans, detached=background, args=args)
     planned.close()
-    keep_args(run_id, args or [])
     out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
-    for line in (resuming, told):
-        if line:
-            out.say(line)
+    for line in said:
+        out.say(line)
     run_recorded(spec, spec_path, owner, out)
 
 

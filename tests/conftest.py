@@ -44,6 +44,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def namespace_hosts(n: int, folder: Path):
+    """For a module fixture (`yield from`): `n` hosts in network namespaces with real sshds (deploy/testhosts),
+    taken down after, nothing of them left; skipped without root only outside CI=true."""
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
+    sys.path.insert(0, str(REPO / "deploy"))
+    from testhosts import TestHosts
+
+    hosts = TestHosts(n, folder)
+    try:
+        hosts.up()
+        yield hosts
+    finally:
+        hosts.down()
+    assert hosts.leftovers() == []
+
+
 def run_processes(home: Path) -> list[psutil.Process]:
     """Every live process that belongs to a run recorded under `home`."""
     found = []

@@ -20,16 +20,12 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import IN_CI, REPO, free_port, need, wait_for
-
-sys.path.insert(0, str(REPO / "deploy"))
-from testhosts import TestHosts  # noqa: E402
-
-from launcher.engines.kubernetes import render  # noqa: E402
-from launcher.engines.kubernetes.render import manifest  # noqa: E402
-from launcher.engines.kubernetes.validate import ManifestError, validate  # noqa: E402
-from launcher.errors import SpecError  # noqa: E402
-from launcher.specfile import load_spec, parse_spec  # noqa: E402
+from conftest import REPO, free_port, namespace_hosts, need, wait_for
+from launcher.engines.kubernetes import render
+from launcher.engines.kubernetes.render import manifest
+from launcher.engines.kubernetes.validate import ManifestError, validate
+from launcher.errors import SpecError
+from launcher.specfile import load_spec, parse_spec
 
 PY = sys.executable
 # the JobSet's name, which is the run's id: unique to this session, as the task core stops what a process of the
@@ -257,14 +253,7 @@ def test_a_worker_py_in_the_workdir_does_not_stand_in_for_our_package(tmp_path):
 
 @pytest.fixture(scope="module")
 def pods_hosts(tmp_path_factory):
-    if os.geteuid() != 0 and not IN_CI:
-        pytest.skip("needs root to make network namespaces (only outside CI=true)")
-    hosts = TestHosts(2, tmp_path_factory.mktemp("k8shosts"))
-    try:
-        hosts.up()
-        yield hosts
-    finally:
-        hosts.down()
+    yield from namespace_hosts(2, tmp_path_factory.mktemp("k8shosts"))
 
 
 def pods(hosts, tmp_path: Path, training: dict) -> list[tuple[list[str], dict, str]]:

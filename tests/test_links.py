@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import IN_CI, REPO, free_port, reap, wait_gone
+from conftest import REPO, free_port, namespace_hosts, reap, wait_gone
 from launcher.links import Link, rounds, verdict
-
-sys.path.insert(0, str(REPO / "deploy"))
-from testhosts import TestHosts  # noqa: E402
-from test_ssh import PY, SSHCli, write_spec  # noqa: E402
+from test_ssh import PY, SSHCli, write_spec
 
 G, M = 10_000.0, 20.0  # a veth's Mbit/s here, and the tbf rate below
 
@@ -88,15 +84,7 @@ def test_two_hosts_sides_measure_both_ways_and_a_wrong_peer_is_not_measured():
 
 @pytest.fixture(scope="module")
 def th(tmp_path_factory):
-    if os.geteuid() != 0 and not IN_CI:
-        pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
-    hosts = TestHosts(3, tmp_path_factory.mktemp("linkhosts"))
-    try:
-        hosts.up()
-        yield hosts
-    finally:
-        hosts.down()
-    assert hosts.leftovers() == []
+    yield from namespace_hosts(3, tmp_path_factory.mktemp("linkhosts"))
 
 
 @pytest.fixture

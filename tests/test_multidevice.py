@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO, free_port, reap, wait_gone, write_spec
+from conftest import REPO, free_port, namespace_hosts, reap, wait_gone, write_spec
 from test_preempt_worker import (EXIT_PREEMPTED, STEPS, assert_resumed_at, assert_same_weights, mid_epoch_2,
                                  progress, run, start, wait_until)  # noqa: F401 (run: a fixture)
 from test_worker import Workers, read_progress, run_ok
@@ -199,17 +199,7 @@ ENV_PROBE = ("import os, pathlib; pathlib.Path(os.environ['MGPU_RUN_DIR'], 'nccl
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
-    if os.geteuid() != 0 and not IN_CI:
-        pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
-    sys.path.insert(0, str(REPO / "deploy"))
-    from testhosts import TestHosts
-
-    hosts = TestHosts(2, tmp_path_factory.mktemp("sshhosts"))
-    try:
-        hosts.up()
-        yield hosts
-    finally:
-        hosts.down()
+    yield from namespace_hosts(2, tmp_path_factory.mktemp("sshhosts"))
 
 
 def test_a_remote_task_gets_the_interface_of_its_address_as_nccl_socket_ifname(two_hosts, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (IN_CI, REPO, Cli, alive, command_lines_with, latest_state, need, reap, run_processes, status_json,
+from conftest import (IN_CI, REPO, Cli, namespace_hosts, alive, command_lines_with, latest_state, need, reap, run_processes, status_json,
                       wait_for, wait_gone)
 
 sys.path.insert(0, str(REPO / "deploy"))
@@ -85,15 +85,7 @@ def test_sync_files_maps_relative_and_absolute_entries(tmp_path):
 
 @pytest.fixture(scope="module")
 def th(tmp_path_factory):
-    if os.geteuid() != 0 and not IN_CI:
-        pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
-    hosts = TestHosts(N_HOSTS, tmp_path_factory.mktemp("sshhosts"))
-    try:
-        hosts.up()
-        yield hosts
-    finally:
-        hosts.down()
-    assert hosts.leftovers() == []
+    yield from namespace_hosts(N_HOSTS, tmp_path_factory.mktemp("sshhosts"))
 
 
 class SSHCli(Cli):

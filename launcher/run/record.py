@@ -145,6 +145,7 @@ class RunRecord:
     job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict[str, float] = field(default_factory=dict)  # when each phase began, or took (preflight_s)
     start: StartPoint | None = None  # where its training starts (fresh, or another run's backup); set once
+    args: list[str] = field(default_factory=list)  # the training's arguments given after `up SPEC --` (for --resume)
     attempts: list[Attempt] = field(default_factory=list)
     tasks: list[TaskRecord] = field(default_factory=list)
     version: int = VERSION
@@ -269,7 +270,8 @@ class Owner:
         self.notes = False  # the launcher keeps UNSAVED (a `status` or `down` that takes the run over does not)
 
     @classmethod
-    def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool) -> "Owner":
+    def create(cls, run_id: str, spec_path: Path, plans: list[TaskPlan], detached: bool,
+               args: list[str] | None = None) -> "Owner":
         """A new run, recorded (state preflight) before anything else happens; a run that cannot be
         recorded (a full or read-only MGPU_HOME) is not started."""
         import psutil
@@ -277,7 +279,7 @@ class Owner:
         folder = runs_dir(create=True) / run_id
         record = RunRecord(
             run_id=run_id, spec_path=str(Path(spec_path).resolve()), agent_pid=os.getpid(),
-            agent_create_time=psutil.Process().create_time(), detached=detached,
+            agent_create_time=psutil.Process().create_time(), detached=detached, args=list(args or []),
             tasks=[TaskRecord(index=p.index, host=p.host.label, address=p.host.address, port=p.host.port,
                               run_dir=p.run_dir) for p in plans])
         lock = Lock(folder / "run.lock")

@@ -97,24 +97,33 @@ def short(problem: str) -> str:
     return cut.rstrip(" ,;:(") + "…"
 
 
-def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
-    """A table of the columns (name, priority: lower is kept longer, min width) that fit `width`."""
-    keep = sorted(range(len(columns)), key=lambda i: columns[i][1])
-    widths = [max([len(columns[i][0])] + [len(r[i]) for r in rows]) for i in range(len(columns))]
+def _chosen(columns: list[tuple[str, int, int]], needs: list[int], width: int, used: int) -> list[int]:
+    """The columns (name, priority: lower is kept longer, width) kept within `width`, in their order: by
+    priority while each one's `needs` fits (the first always)."""
     chosen: list[int] = []
-    used = 4
-    for i in keep:
-        need = max(columns[i][2], widths[i]) + 3
-        if used + need <= width or not chosen:
+    for i in sorted(range(len(columns)), key=lambda i: columns[i][1]):
+        if used + needs[i] <= width or not chosen:
             chosen.append(i)
-            used += need
-    chosen.sort()
+            used += needs[i]
+    return sorted(chosen)
+
+
+def _table(columns: list[tuple[str, int, int]], chosen: list[int], rows: list[list[str]], title: str,
+           fixed_width: bool, no_wrap_below: int) -> Table:
     table = Table(title=title, title_justify="left")
     for i in chosen:
-        table.add_column(columns[i][0], no_wrap=columns[i][1] <= 1, overflow="fold")
+        table.add_column(columns[i][0], width=columns[i][2] if fixed_width else None,
+                         no_wrap=columns[i][1] < no_wrap_below, overflow="fold")
     for r in rows:  # as plain text: a host named 'gpu[a100]' is no markup
         table.add_row(*(Text(r[i]) for i in chosen))
     return table
+
+
+def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
+    """A table of the columns (name, priority, min width) that fit `width` with what the rows hold."""
+    widths = [max([len(c[0])] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    needs = [max(c[2], w) + 3 for c, w in zip(columns, widths)]
+    return _table(columns, _chosen(columns, needs, width, 4), rows, title, False, 2)
 
 
 def _num(v, f="{}"):
@@ -149,21 +158,10 @@ STATUS_COLUMNS = [("task", 0, 4), ("host", 3, 21), ("pid", 4, 7), ("state", 0, 9
 
 
 def fixed(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
-    """A table of the columns (name, priority: lower is kept longer, width) that fit `width`, chosen from the
-    widths alone: the same columns at a width whatever the rows hold."""
-    chosen, used = [], 1  # a table's left border
-    for i in sorted(range(len(columns)), key=lambda i: columns[i][1]):
-        need = columns[i][2] + 3  # padding and a border
-        if used + need <= width or not chosen:
-            chosen.append(i)
-            used += need
-    chosen.sort()
-    table = Table(title=title, title_justify="left")
-    for i in chosen:
-        table.add_column(columns[i][0], width=columns[i][2], no_wrap=columns[i][1] == 0, overflow="fold")
-    for r in rows:  # as plain text: a host named 'gpu[a100]' is no markup
-        table.add_row(*(Text(r[i]) for i in chosen))
-    return table
+    """A table of the columns (name, priority, width) that fit `width`, chosen from the widths alone: the same
+    columns at a width whatever the rows hold."""
+    needs = [c[2] + 3 for c in columns]  # padding and a border
+    return _table(columns, _chosen(columns, needs, width, 1), rows, title, True, 1)
 
 
 def _of(done, total) -> str:

@@ -74,15 +74,24 @@ class Program:
             sys.argv = ["-c", *self.args]
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
         elif self.form is Form.USER_MODULE:
+            import importlib.util
             import runpy
 
             sys.path.insert(0, os.getcwd())
+            if importlib.util.find_spec(self.target) is None:  # as `python -m` says it, not a traceback
+                print(f"{sys.executable}: No module named {self.target}", file=sys.stderr)
+                raise SystemExit(1)
             sys.argv = ["-m", *self.args]
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
         else:
             path = os.path.abspath(self.target)
-            with open(path, "rb") as f:
-                code = compile(f.read(), path, "exec")
+            try:
+                with open(path, "rb") as f:
+                    source = f.read()
+            except OSError as exc:  # as `python PATH` says it, with its exit code
+                print(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr)
+                raise SystemExit(2) from None
+            code = compile(source, path, "exec")
             main = types.ModuleType("__main__")
             main.__file__ = path
             main.__dict__["__builtins__"] = __builtins__

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -38,9 +39,20 @@ class Forked:
         self.stdout = open(stdout, "rb", buffering=0)
         self.returncode: int | None = None
         self.said = b""
+        self.orphan = False  # its reaper was killed: the trainer got its parent-death signal, its status is lost
+        try:
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except OSError:
+            self.pidfd = None  # gone already
 
     def _read(self, timeout: float | None) -> None:
-        if self.returncode is not None or not select.select([self.link], [], [], timeout)[0]:
+        if self.returncode is not None:
+            return
+        if self.orphan:  # its end is watched by its pidfd, and told as a kill (its real status died with its reaper)
+            if self.pidfd is None or select.select([self.pidfd], [], [], timeout)[0]:
+                self.returncode = -signal.SIGKILL
+            return
+        if not select.select([self.link], [], [], timeout)[0]:
             return
         try:
             data = self.link.recv(256)
@@ -48,18 +60,14 @@ class Forked:
             data = b""
         self.said += data
         self._parse()
-        if not data and self.returncode is None:  # its reaper was killed: the trainer got its parent-death signal
-            self._gone()
+        if not data and self.returncode is None:
+            self.orphan = True
+            self._read(0)
 
     def _parse(self) -> None:
         for line in self.said.split(b"\n")[:-1]:
             if line.startswith(b"exit "):
                 self.returncode = int(line[5:])
-
-    def _gone(self) -> None:
-        while os.path.exists(f"/proc/{self.pid}"):
-            time.sleep(0.05)
-        self.returncode = -9
 
     def poll(self) -> int | None:
         self._read(0)
