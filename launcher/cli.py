@@ -389,14 +389,18 @@ def _unknown_option(exc) -> str | None:
     flags = {o for p in ctx.command.params if getattr(p, "is_flag", False) for o in getattr(p, "opts", ())}
     keep = [w for w in rest if w in flags and w != "--"]
     training = [w for w in rest if w not in flags and w != "--"]
-    spec = next((w for w in head if not w.startswith("-")), "SPEC")
+    spec = next((w for w in head if not w.startswith("-")), None)
+    if spec is None:  # the unknown option came before the spec: the spec still goes before --
+        spec = next((w for w in training if w.endswith(".toml")), "SPEC")
+        training = [w for w in training if w != spec]
+        head = [spec, *head]
     line = " ".join(["mgpu-cluster up", *([spec] if command_name == "check" else head + keep), "--", *training])
     mean = f" (did you mean {close[0]}?)" if close else ""
     if command_name == "check":
-        return (f"check has no option {name}{mean}. check starts no training, so it takes no training arguments; "
-                f"they go to up, after --: {line}")
-    return (f"up has no option {name}{mean}. The training's own arguments go after --, where up passes them on "
-            f"untouched: {line}")
+        return (f"check has no option {name}{mean}. No such option goes to the training either: check starts no "
+                f"training, so it takes no training arguments; they go to up, after --: {line}")
+    return (f"up has no option {name}{mean}. No such option goes to the training either: its own arguments go "
+            f"after --, where up passes them on untouched: {line}")
 
 
 def _error(message: str) -> None:

@@ -12,6 +12,7 @@ from launcher.specbase import SECRET
 from worker.host import layout
 from worker.host.env import Backend, endpoint, task_environment, visible_devices
 from worker.host.spawn import module_argv
+from worker.task.program import Program
 
 SUPERVISOR = "worker.task.supervised"  # the on-host entry of local and SSH tasks
 
@@ -50,7 +51,8 @@ class TaskPlan:
 
 
 def warm(spec: ClusterSpec) -> bool:
-    """Whether tasks start from fork servers and keep standbys: only where the run can restart."""
+    """Whether tasks start from fork servers and keep standbys: only where the run can restart (and its program
+    is Python's, in a form a fork can run: worker.task.program)."""
     launch = spec.launch
     return launch.standby and (launch.max_restarts > 0 or launch.max_preemptions > 0)
 
@@ -115,13 +117,15 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
         python = host.python or (sys.executable if host.is_local else "python3")
         run_dir = layout.task_dir(run_root(host, run_id), i)
         gpus_named = host.gpus == "all" or bool(isinstance(host.gpus, list) and host.gpus)
+        argv = worker_argv(spec, python)
         plans.append(TaskPlan(
             index=i, host=host, python=python, run_dir=run_dir,
             cwd=(os.path.expanduser(host.workdir) if host.workdir else spec.folder) if host.is_local else host.workdir,
-            argv=worker_argv(spec, python),
+            argv=argv,
             env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i, backend=spec.training.backend,
                                  cpu_devices=cpu_devices(spec, gpus_named)),
-            grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace, warm=warm(spec),
+            grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace,
+            warm=warm(spec) and Program.parse(argv) is not None,
         ))
     return plans
 

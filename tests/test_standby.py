@@ -186,8 +186,8 @@ def stop_and_see_none_left(cli, tmp_path, stop) -> None:
     spec = script_spec(tmp_path)
     with cli.running("up", spec, start_new_session=True) as up:
         wait_for(lambda: standbys(cli), 240, "a ready standby for every task")
-        held = servers(cli.home)  # each task's server, its reaper and its trainer (a pid with its create time)
-        assert len(held) >= 6, held
+        held = servers(cli.home)  # each task's server (a pid with its create time; a script's first attempt is cold)
+        assert len(held) >= 2, held
         stop(up)
         up.wait(timeout=120)
     assert not wait_gone(cli.home, 30)

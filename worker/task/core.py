@@ -125,6 +125,7 @@ class TaskCore:
     def run(self) -> int:
         s = self.setup
         if s.standby and not self.hold():
+            self.release_server()
             return 0  # stopped before its start: nothing of it is left, and nothing to report
         self.prepare()
         if self.stopping.is_set():  # a signal before the start: nothing is started
@@ -191,18 +192,22 @@ class TaskCore:
                            layout.file(self.run_dir, layout.FORK_LOG), idle, self.program.ours)
 
     def start_forked(self) -> bool:
-        """The attempt forked by its task's fork server, started here where none runs (then this attempt pays
-        for the imports, as a cold one does): True when the server had them done already; self.proc stays None
-        where it cannot fork (the attempt starts cold) or a stop came first."""
+        """The attempt forked by its task's fork server, started here where none runs (then the built-in runner's
+        attempt pays for the imports, as a cold one does; a user's program starts cold while its server imports in
+        the idle time): True when the server had them done already; self.proc stays None where it is not forked
+        (the attempt starts cold) or a stop came first."""
         if self.program is None:
             return False
         _import_rest()
+        ours = self.program.ours is not None
         if self.server is None or not self.server.look():
             try:
-                self.server = self.open_server(idle=False)
+                self.server = self.open_server(idle=not ours)
             except NoServer:
                 return False  # the attempt starts cold: what is wrong (an import that fails), its program says
         server = self.server
+        if not server.ready and not ours:  # a user's program may import nothing heavy: it starts cold, its server
+            return False  # imports in the CPU time left, for the attempts after it
         warm, meter, beat_at = server.ready, Meter(server.pid), 0.0
         server.hurry()
         while not server.ready and not self.stopping.is_set():
@@ -277,7 +282,15 @@ class TaskCore:
         while self.setup.notes:
             self.emit(protocol.Note(text=self.setup.notes.pop(0)))
 
+    def release_server(self) -> None:
+        """Let go of the task's fork server: where this core held it last, it has ended before the core tells its
+        own end (a run's end leaves no server behind)."""
+        if self.server is not None:
+            self.server.release()
+            self.server = None
+
     def finish(self, code: int, reason: str = "") -> int:
+        self.release_server()
         self.send_notes()
         self.forward(final=True)
         # a notice to a task that then exited 0 is no preemption: it finished

@@ -255,7 +255,9 @@ class Server:
         if not raw:
             self.selector.unregister(conn)
             self.clients.discard(conn)
-            conn.close()
+            if self.clients:
+                conn.close()
+            # else the last core's connection is closed by this process's end: that core knows it is gone
             for fd in fds:
                 os.close(fd)
             return
@@ -306,7 +308,9 @@ def main(argv: list[str]) -> int:
         ours = argv[argv.index("--ours") + 1]
     _imports(ours)
     Server(listener, idled).serve()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown of the framework: its last core waits for this end
 
 
 if __name__ == "__main__":

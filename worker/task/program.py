@@ -37,7 +37,12 @@ class Program:
     def of(cls, argv: list[str] | tuple[str, ...], python: str) -> "Program | None":
         """The program `argv` runs, where a fork of `python` can run it; None where it cannot (not Python,
         another Python than the task core's, options it would not keep): that program starts cold."""
-        if len(argv) < 2 or not _PYTHON.match(os.path.basename(argv[0])) or not _same_python(argv[0], python):
+        return cls.parse(argv) if len(argv) >= 2 and _same_python(argv[0], python) else None
+
+    @classmethod
+    def parse(cls, argv: list[str] | tuple[str, ...]) -> "Program | None":
+        """The program `argv` runs, by its form alone (its Python is checked on its host, by of())."""
+        if len(argv) < 2 or not _PYTHON.match(os.path.basename(argv[0])):
             return None
         rest = list(argv[1:])
         while rest and rest[0] == "-u":  # unbuffered: the core sets PYTHONUNBUFFERED for every task anyway
@@ -109,8 +114,11 @@ def run_and_exit(program: Program) -> None:
         program.run()
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except BaseException:  # noqa: BLE001 (any, as the interpreter's own top level)
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001 (any, as the interpreter's own top level)
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # from the program's own frames on,
+            tb = tb.tb_next  # as `python` prints it (a log's tail keeps the traceback's start)
+        traceback.print_exception(type(exc), exc, tb)
         code = 1
     try:
         # private, so not in the stub: it joins the non-daemon threads, as at the interpreter's end

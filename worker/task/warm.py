@@ -23,7 +23,8 @@ from worker.task.lines import printable
 MODULE = "worker.task.forkserver"
 CONNECT_S = 10.0  # a server just started binds its address in well under a second
 LAST_WORDS_MAX = 200  # characters of a dead server's last line, told to the launcher
-PID_WAIT_S = 30.0  # from a request to the trainer's pid (a server may be importing what the last attempt imported)
+PID_WAIT_S = 30.0
+GONE_WAIT_S = 5.0  # a reaper ends at once after its word; a server ends with its last core (an imported framework)  # from a request to the trainer's pid (a server may be importing what the last attempt imported)
 
 
 class NoServer(Exception):
@@ -68,6 +69,7 @@ class Forked:
         for line in self.said.split(b"\n")[:-1]:
             if line.startswith(b"exit "):
                 self.returncode = int(line[5:])
+                _until_closed(self.link, GONE_WAIT_S)  # its reaper gone too: nothing of the attempt outlives it
 
     def poll(self) -> int | None:
         self._read(0)
@@ -195,6 +197,16 @@ class Server:
     def close(self) -> None:
         self.sock.close()
 
+    def release(self) -> None:
+        """Let go of it; where this core was its last, wait (bounded) until it has ended, so that nothing of the
+        task outlives its core."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        _until_closed(self.sock, GONE_WAIT_S)
+        self.sock.close()
+
 
 def last_words(log: Path) -> str:
     """' (a server log's last line)', cut short (what a server printed: its imports' words, untrusted), or ''."""
@@ -206,6 +218,17 @@ def last_words(log: Path) -> str:
         return ""
     last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
     return f" ({printable(last, LAST_WORDS_MAX)})" if last else ""
+
+
+def _until_closed(sock: socket.socket, seconds: float) -> None:
+    """Read `sock` until its other end is closed (its process ended), at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        try:
+            if not sock.recv(256):
+                return
+        except OSError:
+            return
 
 
 def _connect(name: str) -> socket.socket | None:
