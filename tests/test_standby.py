@@ -206,3 +206,20 @@ def test_ctrl_c_leaves_no_fork_server(cli, tmp_path):
 
 def test_a_lost_launcher_leaves_no_fork_server(cli, tmp_path):
     stop_and_see_none_left(cli, tmp_path, lambda up: os.kill(up.pid, signal.SIGKILL))
+
+
+def test_a_task_that_fails_while_its_servers_import_stops_the_run_at_once(cli, tmp_path):
+    """A script that fails at its start, while its task's fork server still imports TensorFlow at the idle
+    priority (an import holds the interpreter for seconds): its core lets go of the server at once, so the
+    failure is told, the run recorded and every server gone, without waiting for any import."""
+    (tmp_path / "fail.py").write_text("import os, sys, time\nopen(os.environ['MGPU_RUN_DIR'] + '/failed-at', 'w')"
+                                      ".write(repr(time.time()))\nsys.exit(3)\n")
+    spec = write_spec(tmp_path, f'command = ["{sys.executable}", "fail.py"]', launch="max_preemptions = 1",
+                      extra=f'workdir = "{tmp_path}"\n')
+    r = cli("up", spec, timeout=120)
+    assert r.returncode == 1 and "exited with code 3" in r.stdout + r.stderr, r.stdout + r.stderr
+    st = latest_state(cli)
+    failed_at = min(float((run_dir(tmp_path, st, i) / "failed-at").read_text()) for i in (0, 1))
+    assert (run_dir(tmp_path, st, 0) / "forkserver.log").exists()  # its server was importing
+    assert st["ended_at"] - failed_at < 4.0, st["ended_at"] - failed_at  # a server imports TensorFlow for 5-15 s here
+    assert not wait_gone(cli.home, 5)

@@ -34,6 +34,8 @@ from worker.task.program import Program, run_and_exit
 READY = b"ready\n"
 START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
 REQUEST_MAX = 1 << 20
+CLIENTS_MAX = 200  # cores of one task connected while its server imports (its attempt's and a standby's): a few
+GONE_S = 2.0  # a server killed by its doorman has ended within this, but on a host out of memory
 
 
 def name(run_id: str, index: int | str) -> str:
@@ -99,6 +101,24 @@ def idle() -> bool:
     if os.environ.get(env.FORK_GROUP) == "own":
         _autogroup(19)
     return True
+
+
+def hurry(pid: int) -> None:
+    """Process `pid` (a server) at the normal priority, every thread of it: what it does next is waited for."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in threads:
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError):
+            pass
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write("0")
+    except OSError:
+        pass
 
 
 def unidle() -> None:
@@ -207,37 +227,111 @@ def _trainer(request: Request, out: int, idled: bool) -> None:
 
 
 # ---- the server
+def _welcome(listener: socket.socket) -> socket.socket | None:
+    """A core's connection, or None: another user's process gets no fork."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    if peer(conn)[1] != os.getuid():
+        conn.close()
+        return None
+    return conn
+
+
+def _doorman(listener: socket.socket, line: socket.socket, server: int) -> None:
+    """In a process forked before the imports (a thread could not run: an import holds the interpreter's lock for
+    seconds at the idle priority): the cores that connect while the server imports, and the server's end as soon
+    as its last one has gone, so that letting go of it never waits for the imports. On the server's word (a byte on
+    `line`) it hands the cores over and ends; the server gone (`line` closed), it ends. Never returns."""
+    clients: list[socket.socket] = []
+    ever, started_at = False, time.monotonic()
+    pidfd = os.pidfd_open(server)
+    while True:
+        readable = select.select([listener, line, *clients], [], [], 1.0)[0]
+        if line in readable:
+            try:
+                word = line.recv(1)
+            except OSError:
+                word = b""
+            if word:
+                socket.send_fds(line, [b"%d" % len(clients)], [c.fileno() for c in clients[:CLIENTS_MAX]])
+            os._exit(0)
+        if listener in readable and (conn := _welcome(listener)) is not None:
+            clients.append(conn)
+            ever = True
+        for conn in [c for c in clients if c in readable]:
+            try:  # a core says nothing before "ready": readable is its going (peeked: never a request lost)
+                gone = not conn.recv(1, socket.MSG_PEEK)
+            except OSError:
+                gone = True
+            if gone:
+                clients.remove(conn)
+                if clients:
+                    conn.close()
+        if not clients and (ever or time.monotonic() - started_at > START_WAIT_S):
+            hurry(server)  # an end at the idle priority may take seconds on a busy host
+            try:  # its last core gone (or none came): the server ends now, imports or not
+                os.kill(server, signal.SIGKILL)
+            except OSError:
+                pass
+            select.select([pidfd], [], [], GONE_S)  # ended before the last core hears of it
+            os._exit(0)
+
+
+def _door(listener: socket.socket) -> tuple[socket.socket, int]:
+    """The doorman started (see _doorman): its end of the line and its pid."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            _doorman(listener, theirs, server)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ours, pid
+
+
+def _handover(line: socket.socket, doorman: int) -> list[socket.socket]:
+    """The cores that connected while the server imported, from its doorman, which then ends."""
+    clients: list[socket.socket] = []
+    try:
+        line.sendall(b"x")
+        _said, fds, _flags, _addr = socket.recv_fds(line, 64, CLIENTS_MAX)
+        clients = [socket.socket(fileno=fd) for fd in fds]
+    except OSError:
+        pass
+    line.close()
+    os.waitpid(doorman, 0)
+    return clients
+
+
 class Server:
-    def __init__(self, listener: socket.socket, idled: bool):
+    def __init__(self, listener: socket.socket, idled: bool, clients: list[socket.socket]):
         self.listener, self.idled = listener, idled
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
         self.clients: set[socket.socket] = set()
-        self.ever = False
+        self.ever = bool(clients)  # handed over by the doorman: they came while it imported
+        for conn in clients:
+            self.ready(conn)
 
     def serve(self) -> None:
         ready_at = time.monotonic()
         while self.clients or not self.ever and time.monotonic() - ready_at < START_WAIT_S:
             for key, _ in self.selector.select(timeout=1.0):
                 if key.fileobj is self.listener:
-                    self.accept()
+                    conn = _welcome(self.listener)
+                    if conn is not None:
+                        self.ever = True
+                        self.ready(conn)
                 else:
-                    self.heard(cast(socket.socket, key.fileobj))  # what accept() registered: a client
+                    self.heard(cast(socket.socket, key.fileobj))  # what ready() registered: a client
             self.reap()
 
-    def accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        if peer(conn)[1] != os.getuid():  # another user's process: never a fork for it
-            conn.close()
-            return
-        if not self.ever:
-            self.ever = True
-            clear = child_setup(0)  # the core that started it may go now: it lives while any core is connected
-            if clear is not None:
-                clear()
+    def ready(self, conn: socket.socket) -> None:
         _remembered()
         try:
             conn.sendall(READY)
@@ -302,12 +396,16 @@ def main(argv: list[str]) -> int:
     except OSError:
         return 0  # one serves this task already
     listener.listen(16)
+    clear = child_setup(0)  # it lives while any core is connected, the one that started it or another (a standby)
+    if clear is not None:
+        clear()
+    line, doorman = _door(listener)  # before the imports and the idle priority
     if "--idle" in argv:
         idled = idle()
     if "--ours" in argv[:-1]:
         ours = argv[argv.index("--ours") + 1]
     _imports(ours)
-    Server(listener, idled).serve()
+    Server(listener, idled, _handover(line, doorman)).serve()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter teardown of the framework: its last core waits for this end

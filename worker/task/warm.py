@@ -23,8 +23,8 @@ from worker.task.lines import printable
 MODULE = "worker.task.forkserver"
 CONNECT_S = 10.0  # a server just started binds its address in well under a second
 LAST_WORDS_MAX = 200  # characters of a dead server's last line, told to the launcher
-PID_WAIT_S = 30.0
-GONE_WAIT_S = 5.0  # a reaper ends at once after its word; a server ends with its last core (an imported framework)  # from a request to the trainer's pid (a server may be importing what the last attempt imported)
+PID_WAIT_S = 30.0  # from a request to the trainer's pid (a server may be importing what the last attempt imported)
+GONE_WAIT_S = 5.0  # a reaper ends at once after its word; a server at once when its last core goes, imports or not
 
 
 class NoServer(Exception):
@@ -140,21 +140,8 @@ class Server:
         return not self.gone
 
     def hurry(self) -> None:
-        """Its imports at the normal priority from now on (every thread of it): an attempt waits for them."""
-        try:
-            threads = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:
-            return
-        for tid in threads:
-            try:
-                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
-            except (OSError, ValueError):
-                pass
-        try:
-            with open(f"/proc/{self.pid}/autogroup", "w") as f:
-                f.write("0")
-        except OSError:
-            pass
+        """Its imports at the normal priority from now on: an attempt waits for them."""
+        forkserver.hurry(self.pid)
 
     def ended(self) -> str:
         """How it ended, as far as this core can tell."""
