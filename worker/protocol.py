@@ -87,6 +87,8 @@ class Stats(Event):
     cpu_percent: float | None = None
     rss: int | None = None
     status: str | None = None  # psutil's process status of the training ("stopped" after SIGSTOP)
+    # its own GPUs, device-wide, as nvidia-smi told them last (worker.devices.GpuFigures as dicts); None: none known
+    gpus: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ class BadRecord(ValueError):
 
 # each field's declared type, as written in the records above, and the JSON values that are one
 _SIMPLE: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool,
-                                              "dict[str, Any]": dict, "list[str]": list, "None": type(None)}
+                                              "dict[str, Any]": dict, "list[str]": list, "list[dict[str, Any]]": list,
+                                              "None": type(None)}
 
 
 def _typed(cls: type[Event], data: dict[str, Any]) -> dict[str, Any]:
@@ -176,9 +179,9 @@ def _typed(cls: type[Event], data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, tuple(
                 t for k in kinds for t in (k if isinstance(k, tuple) else (k,)))):
             raise TypeError(f"{f.name} is {type(value).__name__}")
-        if str(f.type) == "list[str]" and isinstance(value, list) and not all(isinstance(x, str) for x in value):
-            raise TypeError(f"{f.name} holds a non-string")
-        if isinstance(value, dict) and too_deep(value):
+        if isinstance(value, list) and not all(isinstance(x, dict if "dict" in str(f.type) else str) for x in value):
+            raise TypeError(f"{f.name} holds a value of another type")
+        if isinstance(value, (dict, list)) and too_deep(value):
             raise TypeError(f"{f.name} is nested too deep")
         out[f.name] = value
     return out

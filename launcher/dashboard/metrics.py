@@ -3,6 +3,8 @@ registry per request: no global state)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -27,13 +29,41 @@ TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_wait_ms": ("wait_ms", "Time per step the task waited for its peers (ms)."),
 }
 
+GPU_GAUGES = {  # series name: (its figure in a `gpus` row of `status --json`, the factor to its unit, help)
+    "mgpu_task_gpu_utilization_percent": ("util", 1, "Use of one of the task's GPUs (label gpu: nvidia-smi's index), "
+                                          "device-wide as nvidia-smi tells it: not the task's process alone."),
+    "mgpu_task_gpu_memory_bytes": ("memory_used", 2**20, "Memory used on one of the task's GPUs (label gpu), "
+                                   "device-wide as nvidia-smi tells it: not the task's process alone."),
+}
+
+
+def gpu_samples(task: dict) -> list[tuple[str, str, float]]:
+    """(series, gpu index, value) of a task's own GPUs (`status --json`'s `gpus`), only the figures known."""
+    found = []
+    for gpu in task.get("gpus") or []:
+        for name, (field, factor, _) in GPU_GAUGES.items():
+            if isinstance(gpu.get("index"), int) and isinstance(gpu.get(field), int):  # None: not known
+                found.append((name, str(gpu["index"]), float(gpu[field] * factor)))
+    return found
+
+
+def watched_snapshots() -> Iterator[dict]:
+    """The watched runs (data.watched) as `status --json` shows them at the moment of the scrape."""
+    for run_id in data.watched():
+        try:
+            yield data.status(run_id)
+        except MgpuError:  # removed or damaged meanwhile: `ls` says so; a scrape goes on with the others
+            continue
+
 
 class RunsCollector(Collector):
-    """The watched runs (data.watched) as they are at the moment of the scrape."""
+    """The watched runs as they are at the moment of the scrape."""
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task"])
                   for name, (_, help_) in TASK_GAUGES.items()}
+        gpu_gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task", "gpu"])
+                      for name, (_, _, help_) in GPU_GAUGES.items()}
         up = GaugeMetricFamily("mgpu_task_up", "1 while the task's process runs (state starting or running), else 0.",
                                labels=["run", "task"])
         task_state = GaugeMetricFamily("mgpu_task_state", "1 for the task's state now (as `status` shows it), 0 for "
@@ -43,11 +73,8 @@ class RunsCollector(Collector):
         restarts = CounterMetricFamily("mgpu_run_restarts", "Restarts of the run after failures.", labels=["run"])
         preemptions = CounterMetricFamily("mgpu_run_preemptions", "Restarts of the run after preemptions.",
                                           labels=["run"])
-        for run_id in data.watched():
-            try:
-                snap = data.status(run_id)
-            except MgpuError:  # removed or damaged meanwhile: `ls` says so; a scrape goes on with the others
-                continue
+        for snap in watched_snapshots():
+            run_id = snap["run_id"]
             restarts.add_metric([run_id], snap["restarts"])
             for state in RunState:
                 run_state.add_metric([run_id, state.value], 1.0 if snap["state"] == state.value else 0.0)
@@ -60,7 +87,9 @@ class RunsCollector(Collector):
                 for name, (field, _) in TASK_GAUGES.items():
                     if task.get(field) is not None:  # unknown yet: no sample, as Prometheus expects
                         gauges[name].add_metric(labels, float(task[field]))
-        yield from (*gauges.values(), up, task_state, run_state, restarts, preemptions)
+                for name, gpu, value in gpu_samples(task):
+                    gpu_gauges[name].add_metric([*labels, gpu], value)
+        yield from (*gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)
 
 
 def exposition() -> bytes:

@@ -18,6 +18,7 @@ from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
 from launcher.home import run_folder as run_path
 from launcher.engines.base import StandbyState
+from worker.devices import GpuFigures
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
@@ -54,6 +55,7 @@ class TaskRecord:
     progress: dict | None = None  # untrusted as the task wrote it: read through launcher.run.progress.typed
     cpu_percent: Percent | None = None  # relayed by the task's supervisor
     rss: int | None = None
+    gpus: list[GpuFigures] | None = None  # its own GPUs, device-wide, as its supervisor relays nvidia-smi's
     proc_status: str | None = None
     env_found: dict[str, str] = field(default_factory=dict)  # what the preflight found for its env (NCCL_SOCKET_IFNAME)
     standby: StandbyState | None = None  # its standby now (launcher.engines.supervised)
@@ -64,6 +66,7 @@ class TaskRecord:
         """A new attempt of the group: pending, nothing of the last attempt's process or progress kept."""
         self.state, self.exit_code, self.pid, self.create_time = TaskState.PENDING, None, None, None
         self.heartbeat, self.progress, self.proc_status, self.attempt = None, None, None, attempt
+        self.gpus = None
 
     def started(self, pid: int, create_time: float, supervisor_pid: int, warm: bool, host: str, port: int,
                 now: float) -> None:

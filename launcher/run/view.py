@@ -74,7 +74,9 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,
             "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
-            "gpu_util": row.get("gpu_util"), "run_dir": t.run_dir,
+            # its own GPUs' figures, device-wide ({index, util, memory_used, memory_total}: nvidia-smi's, MiB),
+            # from its host's probe (worker.task.probe) or else as its supervisor relayed them last; else None
+            "gpus": row.get("gpus") or ([asdict(g) for g in t.gpus] if t.gpus else None), "run_dir": t.run_dir,
             # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
             "standby": asdict(t.standby) if t.standby and not run.ended and alive else None, "warm": t.warm,
             "error": str(res.error) if res is not None and not res.ok else None,

@@ -17,6 +17,7 @@ from launcher.run.record import RunRecord
 from launcher.run.states import TaskState, end_state
 from launcher.spec import Launch
 from worker import protocol
+from worker.devices import GPUS_MAX, GpuFigures
 from worker.host import layout
 from worker.protocol import ProgressState
 
@@ -52,6 +53,7 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
             task.proc_status = ev.status
         if ev.rss is not None:  # an ended process has no figures: its last ones stay
             task.cpu_percent, task.rss = ev.cpu_percent, ev.rss
+            task.gpus = [f for f in map(GpuFigures.parse, (ev.gpus or [])[:GPUS_MAX]) if f] or None
     elif isinstance(ev, protocol.Progress):
         task.progress = p = typed(ev.progress)  # written by the training: untrusted
         # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)

@@ -24,7 +24,7 @@ from typing import Any
 
 from worker.host import env, layout
 from worker.host.spawn import OWN_GROUP, stop_group
-from worker.host.system import Meter, child_setup, port_holder, private_memory
+from worker.host.system import GpuMeter, Meter, child_setup, port_holder, private_memory
 from worker.task import forkserver
 from worker.task.channel import Channel
 from worker.task.folder import TaskFolder
@@ -91,6 +91,7 @@ class TaskCore:
         self.begun, self.woken = threading.Event(), threading.Event()  # a standby's start; any reason to look
         self.server: Server | None = None  # the task's fork server, while this core holds it
         self.memory: tuple[int, float, int | None] | None = None  # (server pid, when read, what holding it adds)
+        self.gpus: GpuMeter | None = None  # its GPUs' figures, read while it runs where nvidia-smi is
         self.program = Program.of(setup.argv, sys.executable) if setup.warm else None  # None: it starts cold
 
     # ---- what we say
@@ -151,6 +152,7 @@ class TaskCore:
                 return self.refuse(EXIT_NOT_FOUND, f"cannot start {s.argv[0]!r}: {why}")
         _import_rest()
         self.meter = Meter(self.proc.pid)
+        self.gpus = GpuMeter(self.program_env.get(env.VISIBLE_DEVICES)) if GpuMeter.wanted() else None
         pump = threading.Thread(target=self.pump, daemon=True)
         pump.start()
         if s.cpus:
@@ -402,10 +404,11 @@ class TaskCore:
                 self.lines.arrived.wait(wait)
 
     def send_stats(self) -> None:
-        """CPU%, RSS and state of the task, and in any case a record: the launcher counts a core
+        """CPU%, RSS, state and GPUs of the task, and in any case a record: the launcher counts a core
         silent for its lifeline as lost."""
         cpu, rss, status = self.meter.read()
-        self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status))
+        gpus = self.gpus.latest if self.gpus else None
+        self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status, gpus=gpus))
 
     # ---- stopping
     def stop(self, reason: str, notice: str = "", broken: bool = False) -> None:

@@ -9,15 +9,17 @@ import json
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from worker.devices import nvidia_smi
+from worker.devices import GpuFigures, gpu_figures, task_figures
 from worker.protocol import FILE_MAX_BYTES, json_object
 from worker.host import layout
 from worker.host import procs
+from worker.host.env import VISIBLE_DEVICES
 from worker.host.system import tree_rss
 
 
@@ -49,8 +51,22 @@ def _named(info: dict[str, Any], who: str = "") -> psutil.Process | None:
     return procs.same(info.get(f"{who}pid"), created) if isinstance(created, (int, float)) else None
 
 
+def _gpus(proc: psutil.Process, figures: list[GpuFigures] | None) -> list[dict[str, Any]] | None:
+    """The figures of the training's own GPUs: those its CUDA_VISIBLE_DEVICES names (it started with it; unset:
+    every GPU of the host), None where there are none or its environment cannot be read."""
+    if not figures:
+        return None
+    try:
+        visible = proc.environ().get(VISIBLE_DEVICES)
+    except psutil.Error:
+        return None
+    mine = task_figures(figures, visible)
+    return [asdict(f) for f in mine] if mine else None
+
+
 def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, Any]]:
-    """What each task's folder says: pid, alive, exit code, progress, CPU% (over cpu_window) and RSS."""
+    """What each task's folder says: pid, alive, exit code, progress, CPU% (over cpu_window), RSS and its
+    GPUs' figures (`gpus`: nvidia-smi's, device-wide; one call for every task)."""
     rows: list[dict[str, Any]] = []
     procs: list[psutil.Process | None] = []
     for run_dir in run_dirs:
@@ -59,7 +75,7 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, A
         proc = _named(info)
         row: dict[str, Any] = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
                "exit_code": _exit_code(_read(layout.file(d, layout.EXIT_CODE))), "progress": json_object(_read(layout.file(d, layout.PROGRESS))),
-               "cpu_percent": None, "rss": None}
+               "cpu_percent": None, "rss": None, "gpus": None}
         if proc is not None:
             try:
                 proc.cpu_percent(None)  # starts the measuring window
@@ -69,9 +85,9 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, A
         procs.append(proc)
     if any(procs) and cpu_window:
         time.sleep(cpu_window)
-    gpus = nvidia_smi("utilization.gpu", timeout=10)
+    figures = gpu_figures(timeout=10) if any(procs) else None
     for row, proc in zip(rows, procs):
-        row["gpu_util"], row["time"] = gpus, time.time()
+        row["time"] = time.time()
         if proc is None:
             continue
         try:
@@ -79,7 +95,8 @@ def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, A
             row["status"] = proc.status()
             row["rss"] = tree_rss(proc)
         except psutil.Error:
-            pass
+            continue
+        row["gpus"] = _gpus(proc, figures)
     return rows
 
 

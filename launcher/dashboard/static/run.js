@@ -26,8 +26,17 @@ function megabytes(bytes) {
   return typeof bytes === "number" ? `${fmt.num(bytes / 2 ** 20)} MB` : "–";
 }
 
-function gpus(util) {  // its host's GPUs' use now, where the record has it (a probed host with nvidia-smi)
-  return Array.isArray(util) && util.length ? util.map((u) => `${u}`).join(", ") : "–";
+function gibibytes(mib) {
+  return typeof mib === "number" ? fmt.num(mib / 1024, 1) : "–";
+}
+
+// The task's own GPUs (its CUDA_VISIBLE_DEVICES) as nvidia-smi tells them, device-wide (relayed by its supervisor):
+// one line per GPU, "0: 87% · 12.3/79.6 GiB".
+function gpus(list) {
+  if (!Array.isArray(list) || !list.length) return el("span", { text: "–" });
+  return el("span", { class: "gpus", title: "use · memory used/total, of the whole GPU (nvidia-smi)" },
+    list.map((g) => el("span", { text: `${g.index}: ${typeof g.util === "number" ? `${g.util}%` : "–"} · ` +
+                                       `${gibibytes(g.memory_used)}/${gibibytes(g.memory_total)} GiB` })));
 }
 
 function taskRow(t, straggler) {
@@ -43,7 +52,7 @@ function taskRow(t, straggler) {
     el("td", { class: "heartbeat", text: seconds(t.heartbeat_age) }),
     el("td", { class: "cpu", text: fmt.num(t.cpu_percent) }),
     el("td", { class: "memory", text: megabytes(t.rss) }),
-    el("td", { class: "gpu", text: gpus(t.gpu_util) }),
+    el("td", { class: "gpu" }, gpus(t.gpus)),
     el("td", {}, splitBar(t.compute_ms, t.wait_ms)),
     el("td", { text: t.exit_code ?? "" }));
 }
@@ -147,7 +156,7 @@ function showSeries(series, error) {
     { name: `task ${t.index} waiting`, colour: colour(t.index), dashed: true, points: pointsOf(t.points, "wait_ms") },
   ]);
   const attempts = series.attempts || [];
-  box.replaceChildren(
+  box.replaceChildren(...[  // replaceChildren would show a null as the text "null"
     chartBox("samples/s", "of the whole group (every task measures the same rate), from zero; grey lines: epoch ends.",
              timeChart({ width, until, lines: rate, marks, axis, startups }), rate),
     chartBox("loss", `per epoch (val_loss too), and within epochs${log ? ", on a log axis" : ""}.`,
@@ -161,7 +170,7 @@ function showSeries(series, error) {
                         startups })),
     axis ? el("p", { class: "note", text: "shaded: start-up (preflight, spawn, until the first step; again after " +
                      "each restart), compressed as in the PNG report; the rest is to scale." }) : null,
-  );
+  ].filter(Boolean));
   $("attempts").replaceChildren(...attempts.map((a) => el("li", {},
     el("strong", { text: `attempt ${a.index}: ${a.outcome || "running"}` }),
     ` ${mmss(a.start ?? 0)}–${typeof a.end === "number" ? mmss(a.end) : "now"}`,

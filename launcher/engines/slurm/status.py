@@ -61,7 +61,7 @@ def task_row(root: Path, index: int, job: dict, stopping: bool) -> dict:
            "port": started.port if started else None, "progress": progress.progress if progress else None,
            "cpu_percent": stats.cpu_percent if alive and stats else None,
            "rss": stats.rss if alive and stats else None, "status": stats.status if alive and stats else None,
-           "gpu_util": None, "time": time.time(), "job": job}
+           "gpus": None, "time": time.time(), "job": job}  # its GPUs: as its supervisor relayed them (the record)
     if state in jobs.QUEUED or (state in jobs.RUNNING and not alive and ended is None):
         row["state"] = str(TaskState.PENDING)
     elif not alive and ended is None and stopping:
