@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import ipaddress
 import shutil
+import signal
 import socket
 import subprocess
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from worker.host.system import child_setup
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class GpuFigures:
 
 GPU_FIGURES = "index,utilization.gpu,memory.used,memory.total"
 GPUS_MAX = 64  # GPUs of one task a record carries: more is no host's
+GPU_EVERY_S = 10.0  # nvidia-smi takes tens of ms of a core: a task's GPUs are read this seldom
 _WHOLE_MAX = 12  # digits of a figure: longer is no figure nvidia-smi gives
 
 
@@ -41,7 +48,7 @@ def _smi(query: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
     try:
         return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              errors="replace")
+                              errors="replace", preexec_fn=child_setup(signal.SIGKILL))  # never outlives us
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -106,6 +113,27 @@ def task_figures(figures: list[GpuFigures] | None, visible: str | None) -> list[
         return None
     by_index = {f.index: f for f in figures}
     return [by_index[i] for i in visible_gpus(visible, list(by_index))] or None
+
+
+class GpuMeter:
+    """The use and memory of a task's own GPUs (those its CUDA_VISIBLE_DEVICES names), read by nvidia-smi every
+    GPU_EVERY_S in a thread of its own (a hung nvidia-smi never holds up a beat); None where none is known."""
+
+    def __init__(self, visible: str | None):
+        self.visible = visible
+        self.latest: list[dict[str, Any]] | None = None
+        threading.Thread(target=self._read, name="mgpu-gpus", daemon=True).start()
+
+    @staticmethod
+    def wanted() -> bool:
+        """Whether there is anything to read: nvidia-smi on this host."""
+        return shutil.which("nvidia-smi") is not None
+
+    def _read(self) -> None:
+        while True:
+            mine = task_figures(gpu_figures(timeout=GPU_EVERY_S), self.visible)
+            self.latest = [asdict(f) for f in mine] if mine else None
+            time.sleep(GPU_EVERY_S)
 
 
 def task_devices(task: dict, have: set[int] | None) -> tuple[int | None, str | None]:

@@ -1,22 +1,17 @@
 """What the task core asks of its host: a port's holder, a program's start (its parent-death signal and
-cores), a tree's memory, its GPUs' use, free space. Standard library only at import (psutil is imported where it is used)."""
+cores), a tree's memory, free space. Standard library only at import (psutil is imported where it is used)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
 import socket
-import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import psutil
-
-GPU_EVERY_S = 10.0  # nvidia-smi takes tens of ms of a core: a task's GPUs are read this seldom
 
 
 def bind_error(port: int) -> str | None:
@@ -144,29 +139,6 @@ class Meter:
             return round(self.ps.cpu_percent(None), 1), tree_rss(self.ps), status
         except Exception:  # psutil missing, or the process just ended
             return None, None, None
-
-
-class GpuMeter:
-    """The use and memory of a task's own GPUs (those its CUDA_VISIBLE_DEVICES names), read by nvidia-smi every
-    GPU_EVERY_S in a thread of its own (a hung nvidia-smi never holds up a beat); None where none is known."""
-
-    def __init__(self, visible: str | None):
-        self.visible = visible
-        self.latest: list[dict[str, Any]] | None = None
-        threading.Thread(target=self._read, name="mgpu-gpus", daemon=True).start()
-
-    @staticmethod
-    def wanted() -> bool:
-        """Whether there is anything to read: nvidia-smi on this host."""
-        return shutil.which("nvidia-smi") is not None
-
-    def _read(self) -> None:
-        from worker.devices import gpu_figures, task_figures
-
-        while True:
-            mine = task_figures(gpu_figures(timeout=GPU_EVERY_S), self.visible)
-            self.latest = [dataclasses.asdict(f) for f in mine] if mine else None
-            time.sleep(GPU_EVERY_S)
 
 
 def free_space(path: Path) -> str:

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.devices import GpuMeter
 from worker.host import env, layout
 from worker.host.spawn import OWN_GROUP, stop_group
-from worker.host.system import GpuMeter, Meter, child_setup, port_holder, private_memory
+from worker.host.system import Meter, child_setup, port_holder, private_memory
 from worker.task import forkserver
 from worker.task.channel import Channel
 from worker.task.folder import TaskFolder
