@@ -219,7 +219,8 @@ def test_a_task_that_fails_while_its_servers_import_stops_the_run_at_once(cli, t
     r = cli("up", spec, timeout=120)
     assert r.returncode == 1 and "exited with code 3" in r.stdout + r.stderr, r.stdout + r.stderr
     st = latest_state(cli)
-    failed_at = min(float((run_dir(tmp_path, st, i) / "failed-at").read_text()) for i in (0, 1))
+    marks = [run_dir(tmp_path, st, i) / "failed-at" for i in (0, 1)]  # the later one may be stopped before it writes
+    failed_at = min(float(m.read_text()) for m in marks if m.exists())
     assert (run_dir(tmp_path, st, 0) / "forkserver.log").exists()  # its server was importing
     assert st["ended_at"] - failed_at < 4.0, st["ended_at"] - failed_at  # a server imports TensorFlow for 5-15 s here
     assert not wait_gone(cli.home, 5)
