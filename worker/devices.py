@@ -115,6 +115,12 @@ def task_figures(figures: list[GpuFigures] | None, visible: str | None) -> list[
     return [by_index[i] for i in visible_gpus(visible, list(by_index))] or None
 
 
+def task_rows(figures: list[GpuFigures] | None, visible: str | None) -> list[dict[str, Any]] | None:
+    """task_figures as they travel (a Stats record, a probe's row, `status --json`'s `gpus`)."""
+    mine = task_figures(figures, visible)
+    return [asdict(f) for f in mine] if mine else None
+
+
 class GpuMeter:
     """The use and memory of a task's own GPUs (those its CUDA_VISIBLE_DEVICES names), read by nvidia-smi every
     GPU_EVERY_S in a thread of its own (a hung nvidia-smi never holds up a beat); None where none is known."""
@@ -131,8 +137,7 @@ class GpuMeter:
 
     def _read(self) -> None:
         while True:
-            mine = task_figures(gpu_figures(timeout=GPU_EVERY_S), self.visible)
-            self.latest = [asdict(f) for f in mine] if mine else None
+            self.latest = task_rows(gpu_figures(timeout=GPU_EVERY_S), self.visible)
             time.sleep(GPU_EVERY_S)
 
 

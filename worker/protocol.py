@@ -166,6 +166,7 @@ class BadRecord(ValueError):
 _SIMPLE: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool,
                                               "dict[str, Any]": dict, "list[str]": list, "list[dict[str, Any]]": list,
                                               "None": type(None)}
+_ITEMS: dict[str, type] = {"list[str]": str, "list[dict[str, Any]]": dict}  # what each of a list's items must be
 
 
 def _typed(cls: type[Event], data: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +180,8 @@ def _typed(cls: type[Event], data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, tuple(
                 t for k in kinds for t in (k if isinstance(k, tuple) else (k,)))):
             raise TypeError(f"{f.name} is {type(value).__name__}")
-        if isinstance(value, list) and not all(isinstance(x, dict if "dict" in str(f.type) else str) for x in value):
+        item = next((_ITEMS[k.strip()] for k in str(f.type).split("|") if k.strip() in _ITEMS), None)
+        if isinstance(value, list) and item is not None and not all(isinstance(x, item) for x in value):
             raise TypeError(f"{f.name} holds a value of another type")
         if isinstance(value, (dict, list)) and too_deep(value):
             raise TypeError(f"{f.name} is nested too deep")

@@ -9,13 +9,12 @@ import json
 import signal
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from worker.devices import GpuFigures, gpu_figures, task_figures
+from worker.devices import GpuFigures, gpu_figures, task_rows
 from worker.protocol import FILE_MAX_BYTES, json_object
 from worker.host import layout
 from worker.host import procs
@@ -60,8 +59,7 @@ def _gpus(proc: psutil.Process, figures: list[GpuFigures] | None) -> list[dict[s
         visible = proc.environ().get(VISIBLE_DEVICES)
     except psutil.Error:
         return None
-    mine = task_figures(figures, visible)
-    return [asdict(f) for f in mine] if mine else None
+    return task_rows(figures, visible)
 
 
 def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, Any]]:
