@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,12 @@ IN_CI = os.environ.get("CI") == "true"
 # a test that uses one of these starts real tasks, hosts or a Slurm cluster: marked `cluster`, so that
 # `pytest -m "not cluster"` runs the pure and single-process tests alone (about a minute)
 CLUSTER_FIXTURES = {"cli", "th", "fresh", "slurm_cluster", "make_slurm_cluster"}
+
+
+def pytest_configure(config):
+    from budget import Budget
+
+    config.pluginmanager.register(Budget(), "budget")
 
 
 def pytest_collection_modifyitems(items):
@@ -151,6 +158,9 @@ def latest_state(cli) -> dict | None:
     except ValueError:  # caught between write and rename of another writer: try again later
         return None
 
+
+# a thread's header in a stack (worker.stacks), whatever name py-spy reads for the thread: it may read ""
+STACK_HEADER = re.compile(r'^thread \d+( of pid \d+)? "[^"\n]*" \((active|idle)\):$', re.M)
 
 DIGITS = 'entrypoint = "worker.examples.digits:task"'
 
