@@ -16,13 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytest_plugins = ["slurm_fixtures"]  # a real slurmctld + slurmd cluster (deploy/slurmcluster.py)
+# a real slurmctld + slurmd cluster (deploy/slurmcluster.py); the real runs that tests which only read a run share
+pytest_plugins = ["slurm_fixtures", "shared_runs"]
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 # a test that uses one of these starts real tasks, hosts or a Slurm cluster: marked `cluster`, so that
 # `pytest -m "not cluster"` runs the pure and single-process tests alone (about a minute)
-CLUSTER_FIXTURES = {"cli", "th", "fresh", "slurm_cluster", "make_slurm_cluster"}
+CLUSTER_FIXTURES = {"cli", "th", "fresh", "slurm_cluster", "make_slurm_cluster", "digits_run", "restart_run",
+                    "refused_run_id"}
 
 
 def pytest_configure(config):

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import DIGITS, IN_CI, STACK_HEADER, Cli, free_port, status_json, wait_for, write_spec
+from conftest import IN_CI, STACK_HEADER, Cli, free_port, status_json, wait_for, write_spec
 
 CHROMIUM = "/usr/bin/chromium"
 MARKUP = "<img src=x onerror=document.title='pwned'>.toml"  # a spec's file name
@@ -166,12 +166,30 @@ def test_another_local_user_reads_no_run_nor_log_and_takes_no_stacks(cli, tmp_pa
 
 # --------------------------------------------------------------------------- a live run
 
+# a task that trains for good, as a user's own loop reports it (worker.progress): a step every 0.05 s (its split
+# too), an epoch every 20 steps with its line's figures; the dashboard's figures are read from what it writes, as from Keras'
+LIVE = """import os, time
+from worker.progress import ProgressWriter
+w = ProgressWriter(os.environ["MGPU_RUN_DIR"], task=int(os.environ["MGPU_TASK_INDEX"]), epochs=500,
+                   steps_per_epoch=20, interval=0.2)
+start = time.time()
+for n in range(1, 10 ** 6):
+    epoch, step = 1 + (n - 1) // 20, 1 + (n - 1) % 20
+    w.update(state="training", epoch=epoch, step=step, global_step=n, loss=2.0 / n, metrics={"accuracy": 1 - 1 / n},
+             samples_per_sec=640.0, epoch_samples=32 * step, epoch_train_s=0.05 * step, compute_ms=30.0, wait_ms=20.0)
+    if step == 20:
+        w.epoch_end(epoch, start, 2.0 / n, {"accuracy": 1 - 1 / n})
+        print(f"epoch {epoch}/500 loss={2.0 / n:.4g}", flush=True)
+        start = time.time()
+    time.sleep(0.05)
+"""
+
+
 def live_run(cli: Cli, tmp_path, name: str = "cluster.toml") -> str:
-    """A two-task digits run that lasts (500 epochs), detached; its id once both tasks have trained steps."""
-    spec = write_spec(tmp_path, training=DIGITS + "\nepochs = 500", name=name)
+    """A two-task run that lasts (LIVE), detached; its id once both tasks have trained steps."""
+    spec = write_spec(tmp_path, training=f"command = {json.dumps([sys.executable, '-c', LIVE])}", name=name)
     r = cli("up", "--detach", spec, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    # samples/s is measured over the last steps: a task has it a few steps after its first
     snap = wait_for(lambda: (s := status_json(cli)) and all(t["global_step"] and t["samples_per_sec"]
                                                             for t in s["tasks"]) and s,
                     240, "both tasks to train steps and measure samples/s")
@@ -192,8 +210,10 @@ def test_metrics_of_a_live_run_hold_every_series_per_task_with_steps_increasing(
     try:
         with dashboard(cli) as (_, url, _, token):
             first = scrape(url, token)
-            time.sleep(3)
-            second = scrape(url, token)
+            steps = [(("run", run), ("task", task)) for task in ("0", "1")]
+            second = wait_for(lambda: (s := scrape(url, token)) and all(
+                s.get(("mgpu_task_step", k), 0) > first.get(("mgpu_task_step", k), 0) for k in steps) and s,
+                30, "both tasks' steps to increase in /metrics")
     finally:
         assert cli("down", timeout=120).returncode == 0
     for task in ("0", "1"):

@@ -9,30 +9,16 @@ import re
 
 import pytest
 
-from conftest import DIGITS, Cli, reap, run_processes, status_json, write_spec
-from test_dashboard import browser, dashboard, get, refused_run, scrape  # noqa: F401 (browser: a fixture)
+from shared_runs import DIGITS_EPOCHS, SECRET
+from test_dashboard import browser, dashboard, get, scrape  # noqa: F401 (browser: a fixture)
 from launcher.run.screen import is_noise
-
-SECRET = "hunter2-not-for-the-page"
 
 
 @pytest.fixture(scope="module")
-def ended(tmp_path_factory):
-    """A two-task digits run of 3 epochs that succeeded (TensorFlow's C++ log on, a secret in its env), and a
-    refused run beside it: (cli, run id, refused run id)."""
-    tmp = tmp_path_factory.mktemp("page")
-    cli = Cli(tmp / "mgpu-home", tmp)
-    spec = write_spec(tmp, training=DIGITS + "\nepochs = 3",
-                      env=f'TF_CPP_MIN_LOG_LEVEL = "0", MY_API_TOKEN = "{SECRET}"')
-    try:
-        r = cli("up", spec, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        run = status_json(cli)["run_id"]
-        refused, _ = refused_run(cli, tmp)
-        yield cli, run, refused
-    finally:
-        left = reap(run_processes(cli.home))
-        assert not left, f"processes left running: {left}"
+def ended(digits_run, refused_run_id):
+    """The session's digits run (DIGITS_EPOCHS epochs, succeeded, TensorFlow's C++ log on, a secret in its env),
+    and a refused run beside it: (cli, run id, refused run id)."""
+    return digits_run.cli, digits_run.run_id, refused_run_id
 
 
 def test_the_api_gives_final_figures_and_the_spec_masked_and_logs_without_chatter(ended):
@@ -44,10 +30,10 @@ def test_the_api_gives_final_figures_and_the_spec_masked_and_logs_without_chatte
 
         snap = json.loads(body)
         final = snap["final"]
-        assert (final["epoch"], final["epochs"]) == (3, 3) and final["loss"] > 0, final
+        assert (final["epoch"], final["epochs"]) == (DIGITS_EPOCHS, DIGITS_EPOCHS) and final["loss"] > 0, final
         assert "val_loss" in final["metrics"] and "accuracy" in final["metrics"], final
         assert SECRET not in body and 'MY_API_TOKEN = "****"' in snap["spec_text"], snap["spec_text"]
-        assert 'entrypoint = "worker.examples.digits:task"' in snap["spec_text"]
+        assert 'entrypoint = "paced:task"' in snap["spec_text"]
         assert all(t["cpu_percent"] is not None and t["rss"] > 0 for t in snap["tasks"]), snap["tasks"]
 
         code, _, body = get(f"{url}/api/runs/{run}/logs", token=token)
@@ -57,7 +43,7 @@ def test_the_api_gives_final_figures_and_the_spec_masked_and_logs_without_chatte
         assert any(is_noise(x) for x in log.splitlines()), "the log has TensorFlow's C++ lines (the level is 0)"
 
         series = json.loads(get(f"{url}/api/runs/{run}/series", token=token)[2])
-        ts, xs = series["axis"]  # the PNG's knots: start-up takes most of a 3-epoch run, compressed to 12 %
+        ts, xs = series["axis"]  # the PNG's knots: start-up takes most of a short run, compressed to 12 %
         from launcher.diagnose import report
 
         assert series["axis"] == list(report.knots(series["startups"], series["until"]))
@@ -69,7 +55,7 @@ def test_metrics_give_epoch_loss_cpu_memory_and_states(ended):
         seen = scrape(url, token)
     for task in ("0", "1"):
         labels = (("run", run), ("task", task))
-        assert seen[("mgpu_task_epoch", labels)] == 3.0, sorted(seen)
+        assert seen[("mgpu_task_epoch", labels)] == DIGITS_EPOCHS, sorted(seen)
         assert seen[("mgpu_task_loss", labels)] > 0
         assert seen[("mgpu_task_cpu_percent", labels)] >= 0 and seen[("mgpu_task_memory_bytes", labels)] > 2**20
         states = {dict(k[1])["state"]: v for k, v in seen.items() if k[0] == "mgpu_task_state"
@@ -90,7 +76,7 @@ def test_the_page_at_1280_and_390_px(ended, browser):  # noqa: F811
         page.goto(f"{url}/runs/{run}")
         page.wait_for_selector("#final .final", timeout=15_000)
         final = page.inner_text("#final")
-        assert re.search(r"epoch 3/3 · loss \d\.\d{4} · accuracy \d\.\d{4}", final) and "val_loss" in final, final
+        assert re.search(rf"epoch {DIGITS_EPOCHS}/{DIGITS_EPOCHS} · loss \d\.\d{{4}} · accuracy \d\.\d{{4}}", final) and "val_loss" in final, final
         page.wait_for_selector('[data-task="1"] .memory', timeout=15_000)
         for i in (0, 1):
             assert re.fullmatch(r"\d+", page.inner_text(f'[data-task="{i}"] .cpu')), page.inner_text("#tasks")

@@ -4,14 +4,13 @@ two-task digits runs on this machine (a clean one, one with a kill -9 and a rest
 import json
 import math
 import os
-import signal
 import socket
 import stat
-from pathlib import Path
 
 import pytest
 
-from conftest import DIGITS, latest_state, status_json, write_spec
+from conftest import latest_state, status_json, write_spec
+from shared_runs import DIGITS_EPOCHS, RESTART_EPOCHS
 from test_dashboard import dashboard, scrape
 from launcher.diagnose import report, series
 from launcher.errors import ReportError
@@ -193,30 +192,19 @@ def test_the_worker_keeps_recent_epoch_summaries_and_the_history_gets_each_once(
 
 # --------------------------------------------------------------------------- real runs
 
-def run_folder(cli) -> Path:
-    return cli.home / "runs" / latest_state(cli)["run_id"]
-
-
 def console_rates(out: str) -> dict[int, float]:
     """samples/s of each epoch line the console showed: `epoch 3/4 ... samples/s=1234`."""
     return {int(line.split("epoch ")[1].split("/")[0]): float(line.rsplit("samples/s=", 1)[1].split()[0])
             for line in out.splitlines() if " | epoch " in line and "samples/s=" in line}
 
 
-def digits_spec(tmp_path: Path, epochs: int, launch: str = "") -> Path:
-    return write_spec(tmp_path, f"{DIGITS}\nepochs = {epochs}", launch=launch, each="cpus = [{i}]\n",
-                      env='TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.25"')
-
-
-def test_report_of_a_real_run_has_each_panels_data(cli, tmp_path):
-    epochs = 4
-    r = cli("up", digits_spec(tmp_path, epochs), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    data = series.load(run_folder(cli))
+def test_report_of_a_real_run_has_each_panels_data(digits_run, tmp_path):
+    cli, rid, epochs = digits_run.cli, digits_run.run_id, DIGITS_EPOCHS
+    data = series.load(digits_run.record)
     assert_clean(data)
     group = data["group"]["epochs"]
     assert [e["epoch"] for e in group] == list(range(1, epochs + 1)), group
-    shown = console_rates(r.stdout)  # a line alike on both tasks is shown once, with the rate of either
+    shown = console_rates(digits_run.out)  # a line alike on both tasks is shown once, with the rate of either
     for e in group:  # each epoch's own rate, the one its console line showed; loss and metrics at its end
         rates = [x["samples_per_s"] for x in data["epochs"] if x["epoch"] == e["epoch"]]
         assert any(abs(rate - shown[e["epoch"]]) <= 1 for rate in rates), (rates, shown)
@@ -232,11 +220,11 @@ def test_report_of_a_real_run_has_each_panels_data(cli, tmp_path):
 
     # one training throughput: the last epoch's console line, status --json, /metrics and the report's data agree
     last = shown[epochs]
-    snap = status_json(cli)
+    snap = status_json(cli, rid)
     with dashboard(cli) as (_first, url, _port, token):
         scraped = scrape(url, token)
     for t in snap["tasks"]:
-        served = scraped[("mgpu_task_samples_per_second", (("run", snap["run_id"]), ("task", str(t["index"]))))]
+        served = scraped[("mgpu_task_samples_per_second", (("run", rid), ("task", str(t["index"]))))]
         drawn = next(e["samples_per_s"] for e in data["epochs"] if e["task"] == t["index"] and e["epoch"] == epochs)
         assert all(abs(rate - last) <= 0.05 * last for rate in (t["samples_per_sec"], served, drawn)), \
             (last, t["samples_per_sec"], served, drawn)
@@ -255,27 +243,15 @@ def test_report_of_a_real_run_has_each_panels_data(cli, tmp_path):
     squeezed = report._squeezed(data)
     if first_step > report.STARTUP_SHARE * data["until"]:  # the start-up takes most of a run this short
         assert squeezed[0](first_step) == pytest.approx(report.STARTUP_SHARE * data["until"], rel=1e-6)
-    png = cli("report", timeout=120)
-    path = run_folder(cli) / "report.png"
+    png = cli("report", rid, timeout=120)
+    path = digits_run.record / "report.png"
     assert png.returncode == 0 and png.stdout.strip() == str(path), png.stderr
     assert path.read_bytes()[:8] == PNG and stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
-def in_epoch(cli, epoch: int):
-    st = latest_state(cli)
-    if st and st["state"] == "running" and all((t.get("progress") or {}).get("epoch", 0) >= epoch for t in st["tasks"]):
-        return st
-    return None
-
-
-def test_report_of_a_run_with_a_kill_9_names_the_signal_and_restarts(cli, tmp_path):
-    epochs = 8  # an epoch takes about a second: a kill seen in epoch 2 lands well before the last one's end
-    spec = digits_spec(tmp_path, epochs, launch="max_restarts = 1")
-    code, out = cli.up_while(spec, lambda: in_epoch(cli, 2), lambda _up, st: os.kill(st["tasks"][1]["pid"],
-                                                                                     signal.SIGKILL),
-                             "epoch 2 on both tasks", timeout=300)
-    assert code == 0, out
-    data = series.load(run_folder(cli))
+def test_report_of_a_run_with_a_kill_9_names_the_signal_and_restarts(restart_run, tmp_path):
+    cli, out, epochs = restart_run.cli, restart_run.out, RESTART_EPOCHS  # killed in epoch 2, after a checkpoint
+    data = series.load(restart_run.record)
     first, second = data["attempts"]
     assert first["outcome"] == "failed" and second["outcome"] == "succeeded"
     f = first["failure"]
@@ -297,7 +273,7 @@ def test_report_of_a_run_with_a_kill_9_names_the_signal_and_restarts(cli, tmp_pa
     words = " ".join(" ".join(report.notes(data)).split())
     assert " ".join(f["message"].split()) in words  # the reason, whole
     png = tmp_path / "killed.png"
-    r = cli("report", "-o", png, timeout=120)
+    r = cli("report", restart_run.run_id, "-o", png, timeout=120)
     assert r.returncode == 0 and png.read_bytes()[:8] == PNG, r.stderr
 
 

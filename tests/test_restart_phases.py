@@ -1,46 +1,34 @@
 """Each restart's phases, told: a real 2-task digits run on this machine, kill -9 of task 1 mid-run; the
 restarted attempt's phases in `status --json`, one line on screen, the summary's cost of restarts, `report`."""
 
-import json
-import os
-import signal
-from pathlib import Path
-
 import pytest
 
-from conftest import DIGITS, latest_state, need, status_json, write_spec
+from conftest import Cli, need, reap, run_processes, status_json
+from shared_runs import restarted
 from launcher.diagnose import report, series
 
 PARTS = ("detected_s", "teardown_s", "spawn_s", "first_step_s", "took_s")
 
 
-def progress(task: dict) -> dict:
+@pytest.fixture(params=[True, False], ids=["standby", "cold"])
+def restart(request, tmp_path):
+    """A run whose task 1 was killed with SIGKILL in epoch 2 and restarted from a checkpoint: with standbys, the
+    session's shared run; without, one of its own."""
+    if request.param:
+        yield request.getfixturevalue("restart_run")
+        return
+    cli = Cli(tmp_path / "mgpu-home", tmp_path)
     try:
-        return json.loads((Path(task["run_dir"]) / "progress.json").read_text())
-    except (OSError, ValueError):
-        return {}
+        yield restarted(cli, tmp_path, standby=False)
+    finally:
+        left = reap(run_processes(cli.home))
+        assert not left, f"processes left running after the test: {left}"
 
 
-def past_a_checkpoint(cli):
-    """Both tasks trained past step 6 (a checkpoint every 3 steps, so one was saved)."""
-    st = latest_state(cli)
-    if st and st["state"] == "running" and all(progress(t).get("global_step", 0) >= 6 for t in st["tasks"]):
-        return st
-    return None
-
-
-@pytest.mark.parametrize("standby", [True, False], ids=["standby", "cold"])
-def test_a_restart_is_measured_in_phases_and_told(cli, tmp_path, standby):
-    spec = write_spec(tmp_path, DIGITS + "\nepochs = 3\nsteps_per_epoch = 12\nbatch_size_per_replica = 8\n"
-                      "checkpoint_every_steps = 3", launch=f"max_restarts = 1\nstandby = {str(standby).lower()}",
-                      each="cpus = [{i}]\n",
-                      env='TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.1"')
-    code, out = cli.up_while(spec, lambda: past_a_checkpoint(cli),
-                             lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL),
-                             "both tasks past step 6", ready_timeout=300, timeout=300)
-    assert code == 0, out
-
-    snap = status_json(cli)
+@pytest.mark.cluster
+def test_a_restart_is_measured_in_phases_and_told(restart, tmp_path):
+    cli, out = restart.cli, restart.out
+    snap = status_json(cli, restart.run_id)
     first, second = snap["attempts"]
     assert {"spawn_s", "first_step_s"} <= set(first["phases"]) and "detected_s" not in first["phases"], first
     ph = second["phases"]
