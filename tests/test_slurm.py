@@ -13,14 +13,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
-from conftest import STACK_HEADER, launcher_traceback, latest_state, need, run_processes, status_json, wait_for, wait_gone, write_slurm_spec
+from conftest import (STACK_HEADER, Cli, launcher_traceback, latest_state, need, reap, run_processes, status_json,
+                      wait_for, wait_gone, write_slurm_spec)
+from slurm_fixtures import _start, _stop, require_slurm
 from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import follow
 from launcher.engines.slurm.follow import POLL_S, Follower
@@ -49,6 +53,478 @@ STEPS = "command = " + json.dumps([PY, "-c", (  # a task that trains a step ever
 
 def events_path(root: Path, index: int, attempt: int) -> Path:
     return layout.events_file(layout.task_dir(root, index), attempt)
+
+
+# --------------------------------------------------------------------------- against a real Slurm
+# (first: the trainings that `sc` starts train on while these tests and the pure ones below run)
+
+@pytest.fixture(scope="module")
+def killed_launcher(request, tmp_path_factory):
+    """The run of test_a_job_whose_launcher_is_killed_ends_itself, on a cluster of its own, started with the
+    module's first test that uses a cluster (`sc`): a thread starts `up` of tasks that sleep (lifeline 10 s),
+    kills it with SIGKILL once they run, and the 10 s of the lifeline run out while the other tests run."""
+    require_slurm()
+    failed_before = request.session.testsfailed
+    tmp_path = tmp_path_factory.mktemp("killed-launcher")
+    cluster = _start(2)
+    run = types.SimpleNamespace(cluster=cluster, cli=Cli(tmp_path / "mgpu-home", tmp_path), code=None, error=None)
+    run.cli.env.update(cluster.env)
+    spec = write_spec(tmp_path, SLEEP, launch="heartbeat_timeout = 5")  # lifeline: 10 s
+    with open(tmp_path / "up.out", "w") as out:
+        up = subprocess.Popen(run.cli.argv("up", spec), cwd=run.cli.cwd, env=run.cli.env, stdout=out,
+                              stderr=subprocess.STDOUT)
+    stop = threading.Event()
+
+    def drive():
+        try:
+            wait_for(lambda: stop.is_set() or (lambda s: s and s["state"] == "running")(latest_state(run.cli)), 240,
+                     "tasks running")
+            if not stop.is_set():
+                up.kill()
+                run.code = up.wait()
+        except BaseException as e:  # noqa: BLE001  (the test raises it)
+            run.error = e
+
+    run.driver = threading.Thread(target=drive, daemon=True, name="killed-launcher")
+    run.driver.start()
+    try:
+        yield run
+    finally:
+        stop.set()
+        run.driver.join(30)
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        try:
+            cluster.command("scancel", "--user=root", check=False)
+        finally:
+            _stop(cluster, request, failed_before)
+        left = reap(run_processes(run.cli.home))
+        assert not left, f"processes left running after the run: {[(p.pid, p.info) for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def trainings(request, tmp_path_factory):
+    """The module's TensorFlow and JAX trainings (digits on two nodes, Keras 3 on JAX, a restart that resumes at
+    epoch 3), one after another on a cluster of their own, driven by a thread that starts with the module's first
+    test on a cluster (`sc`): they train while the tests of the launcher's own behaviour (command tasks, on the
+    session's cluster) run. Each training's test reads what its run gave with `result(name)`."""
+    require_slurm()
+    failed_before = request.session.testsfailed
+    cluster = _start(2)
+    stopping = threading.Event()
+    runs = {name: types.SimpleNamespace(name=name, cluster=cluster, done=threading.Event(), error=None)
+            for name in ("digits", "keras3", "restart")}
+
+    def cli_for(run) -> Cli:
+        tmp = tmp_path_factory.mktemp(run.name)
+        run.tmp, run.cli = tmp, Cli(tmp / "mgpu-home", tmp)
+        run.cli.env.update(cluster.env)
+        return run.cli
+
+    def digits_run(run):
+        cli = cli_for(run)
+        run.weights = run.tmp / "shared" / "weights-{task}.npz"
+        spec = write_spec(run.tmp, digits("--epochs", "5", "--save-weights", str(run.weights)))
+        run.dry = cli("up", "--dry-run", spec, timeout=60)
+        run.jobs_before = our_jobs(cluster)
+        run.up = cli("up", spec, timeout=600)
+        run.snap = status_json(cli)
+        run.logs = cli("logs", "--task", "1", "--tail", "3", timeout=60)
+        run.left = wait_gone(cli.home, 10)
+
+    def keras3_run(run):
+        need("jax")
+        cli = cli_for(run)
+        for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
+            cli.env.pop(name, None)  # srun passes the launcher's own environment on
+        run.weights = run.tmp / "shared" / "weights-{task}.npz"
+        args = ["--steps-per-epoch", "6", "--save-weights", str(run.weights)]
+        spec = write_slurm_spec(run.tmp, f'backend = "jax"\nentrypoint = "worker.examples.digits_keras3:task"\n'
+                                         f"local_replicas = 2\nbatch_size_per_replica = 16\nepochs = 2\n"
+                                         f"args = {json.dumps(args)}")
+        run.up = cli("up", spec, timeout=600)
+        run.snap = status_json(cli)
+        run.left = wait_gone(cli.home, 10)
+
+    def restart_run(run):
+        cli = cli_for(run)
+        # the kill must land inside epoch 3 (progress.json is written every 0.25 s at most): 100 steps give it time
+        spec = write_spec(run.tmp, digits("--epochs", "4", "--steps-per-epoch", "100", "--batch-size-per-replica", "8"),
+                          launch="max_restarts = 1")
+        run.code, run.out = cli.up_while(spec, lambda: training(cli, epoch=3),
+                                         lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL),
+                                         "epoch 3 to begin", timeout=400)
+        run.snap = status_json(cli)
+
+    def drive():
+        for run, train in zip(runs.values(), (digits_run, keras3_run, restart_run)):
+            try:
+                if stopping.is_set():
+                    raise RuntimeError("the module ended before this training ran")
+                train(run)
+                wait_for(lambda: not cluster.command("squeue", "-h", check=False).stdout.strip(), 60, "no jobs left")
+            except BaseException as e:  # noqa: BLE001  (result() raises it in the training's test)
+                run.error = e
+            finally:
+                run.done.set()
+
+    def result(name: str):
+        run = runs[name]
+        assert run.done.wait(900), f"the {name} training did not end in 15 minutes"
+        if run.error is not None:
+            raise run.error
+        return run
+
+    driver = threading.Thread(target=drive, daemon=True, name="trainings")
+    driver.start()
+    try:
+        yield types.SimpleNamespace(result=result)
+    finally:
+        finished = not driver.is_alive()
+        stopping.set()
+        homes = [run.cli.home for run in runs.values() if hasattr(run, "cli")]
+        if not finished:  # a test was deselected, or failed: what still trains is stopped, not reported
+            for home in homes:
+                reap(run_processes(home))
+        driver.join(120)
+        try:
+            cluster.command("scancel", "--user=root", check=False)
+        finally:
+            _stop(cluster, request, failed_before)
+        left = [p for home in homes for p in reap(run_processes(home))]
+        assert not left, f"processes left running after the trainings: {[(p.pid, p.info) for p in left]}"
+
+
+@pytest.fixture
+def sc(slurm_cluster, cli, killed_launcher, trainings):
+    """The session's cluster, clients pointed at it; every job of a test ends with the test.
+    (`killed_launcher` and `trainings` only start those runs early, on clusters of their own.)"""
+    cli.env.update(slurm_cluster.env)
+    yield slurm_cluster
+    slurm_cluster.command("scancel", "--user=root", check=False)
+    wait_for(lambda: not slurm_cluster.command("squeue", "-h", check=False).stdout.strip(), 60, "no jobs left")
+    wait_for(lambda: set(slurm_cluster.node_states().values()) == {"idle"}, 30, "idle nodes")
+
+
+def write_spec(tmp_path: Path, training: str, slurm: str = "", launch: str = "", nodes: int = 2,
+               partition: str = "debug") -> Path:
+    return write_slurm_spec(tmp_path, training, slurm, launch, nodes, partition,
+                            env='TF_CPP_MIN_LOG_LEVEL = "2", MY_TOKEN = "hunter2"')
+
+
+def digits(*extra: str) -> str:
+    return "command = " + json.dumps([PY, *DIGITS, "--batch-size-per-replica", "32", "--learning-rate", "0.002",
+                                      *extra])
+
+
+
+def progress(task: dict) -> dict:
+    try:
+        return json.loads((Path(task["run_dir"]) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def started_record(task: dict, attempt: int):
+    """The Started record the task core wrote for `attempt` in its events file."""
+    from worker import protocol
+
+    lines = (Path(task["run_dir"]) / f"events-{attempt}.jsonl").read_bytes().splitlines()
+    return next(ev for ev in map(protocol.decode, lines) if isinstance(ev, protocol.Started))
+
+
+def training(cli, epoch: int = 1):
+    """The newest run's state once both tasks train (task 1 at `epoch` or later)."""
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all((progress(t).get("global_step") or 0) > 0 for t in st["tasks"]) \
+            and progress(st["tasks"][1]).get("epoch", 0) >= epoch:
+        return st
+    return None
+
+
+def our_jobs(sc) -> list[str]:
+    """Every mgpu job the controller knows (finished ones too: MinJobAge is an hour)."""
+    return [n for n in sc.command("squeue", "-h", "-t", "all", "-o", "%j").stdout.split() if n.startswith("mgpu-")]
+
+
+def job_state(sc, job_id: str, *final: str) -> str:
+    """The job's state; with `final` states, once it reached one of them (COMPLETING passes in seconds)."""
+    state = lambda: (sc.job(job_id) or {}).get("JobState", "")  # noqa: E731
+    return wait_for(lambda: state() in final and state(), 20, f"job {job_id} in {final}") if final else state()
+
+
+def test_each_task_gets_the_environment_contract(sc, cli, tmp_path):
+    """A fixed port; TF_CONFIG and MGPU_* as each task saw them."""
+    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
+    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}", slurm="port = 23456")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = latest_state(cli)
+    workers = [f"{address}:23456" for _, address in sc.nodes]
+    for i, t in enumerate(st["tasks"]):
+        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
+        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+        assert (env["MGPU_RUN_ID"], env["MGPU_TASK_INDEX"], env["MGPU_NUM_WORKERS"]) == (st["run_id"], str(i), "2")
+        assert env["MGPU_RUN_DIR"] == t["run_dir"] and env["SLURMD_NODENAME"] == f"node{i + 1}"
+        assert (env["TF_USE_LEGACY_KERAS"], env["CUDA_VISIBLE_DEVICES"], env["MY_TOKEN"]) == ("1", "", "hunter2")
+        assert t["port"] == 23456
+
+
+def test_each_task_of_a_jax_spec_gets_kerass_variables(sc, cli, tmp_path):
+    """backend = "jax": the coordinator (the first node's address, the port) and the task's rank, built on its
+    node from what the launcher wrote; no TF_CONFIG, no TF_USE_LEGACY_KERAS."""
+    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
+        cli.env.pop(name, None)  # srun passes the launcher's own environment on
+    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
+    spec = write_slurm_spec(tmp_path, f'backend = "jax"\ncommand = {json.dumps([PY, "-c", dump])}',
+                            slurm="port = 23457")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = latest_state(cli)
+    coordinator = f"{sc.nodes[0][1]}:23457"
+    for i, t in enumerate(st["tasks"]):
+        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
+        assert [env.get(k) for k in task_env.KERAS_VARIABLES] == ["jax", coordinator, "2", str(i)]
+        assert "TF_CONFIG" not in env and "TF_USE_LEGACY_KERAS" not in env and env["MGPU_TASK_INDEX"] == str(i)
+
+
+def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, STEPS)  # the launcher's and Slurm's doing: no TensorFlow needed
+    took = {}
+
+    def kill_task_1(up, st):
+        victim, other = st["tasks"][1], st["tasks"][0]
+        survivors = [psutil.Process(other["pid"]), psutil.Process(other["supervisor_pid"])]
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.time()
+        _gone, alive = psutil.wait_procs(survivors, timeout=30)
+        took["other task"] = time.time() - t0
+        assert not alive
+        # every process of the run (tasks, their wrappers, the job's script and srun), but `up` itself
+        wait_for(lambda: not [p for p in run_processes(cli.home) if p.pid != up.pid], 30, "the run's processes gone")
+        took["every process"] = time.time() - t0
+
+    code, out = cli.up_while(spec, lambda: training(cli), kill_task_1, "both tasks training")
+    assert code == 1, out
+    failure = status_json(cli)["failure"]  # a failure is data, for a Slurm run as for the others
+    assert (failure["task"], failure["kind"], failure["signal"], failure["host"]) == (1, "killed", "SIGKILL", "node2")
+    assert failure["message"].startswith("task 1 (node2:") and "SIGKILL" in failure["message"], failure
+    assert "task 1" in out and not launcher_traceback(out)
+    job_id = latest_state(cli)["job"]["id"]
+    wait_for(lambda: job_id not in sc.command("squeue", "-h", "-o", "%i").stdout.split(), 10, "the job off squeue")
+    assert job_state(sc, job_id, "FAILED", "CANCELLED")
+    assert not wait_gone(cli.home, 5)
+    print(f"\nkill -9 of task 1: task 0 gone after {took['other task']:.2f} s, every process of the run after "
+          f"{took['every process']:.2f} s")
+    assert took["every process"] < 10.0, took  # typically ~1 s; a wide margin on 2 shared cores
+
+
+def test_a_hung_task_has_its_peer_stopped_within_seconds_of_the_hang_being_named(sc, cli, tmp_path):
+    """Task 1 frozen (SIGSTOP): named hung, stacks taken; the job still runs and nothing says Slurm is ending
+    it, so the peer is stopped at once (no wait for a scheduler's verdict that cannot come)."""
+    # no TensorFlow: its own heartbeats would end the peer by themselves (~10 s), hiding the launcher's delay
+    spec = write_spec(tmp_path, STEPS, launch="heartbeat_timeout = 4")
+    took = {}
+
+    def freeze_task_1(_up, st):
+        log = cli.home / "runs" / st["run_id"] / "launcher.log"
+        peer = [psutil.Process(st["tasks"][0]["pid"]), psutil.Process(st["tasks"][0]["supervisor_pid"])]
+        os.kill(st["tasks"][1]["pid"], signal.SIGSTOP)
+        t0 = time.time()
+        wait_for(lambda: "taken before stopping anything" in log.read_text(), 60, "the hang named, its stacks taken")
+        named = time.time()
+        _gone, alive = psutil.wait_procs(peer, timeout=60)
+        took.update(named=named - t0, peer=time.time() - named)
+        assert not alive
+
+    code, out = cli.up_while(spec, lambda: training(cli), freeze_task_1, "both tasks training")
+    assert code == 1 and not launcher_traceback(out), out
+    failure = status_json(cli)["failure"]
+    assert (failure["task"], failure["kind"]) == (1, "hung") and "SIGSTOP" in failure["message"], failure
+    log = (cli.home / "runs" / latest_state(cli)["run_id"] / "launcher.log").read_text()
+    # taken on each task's node inside the job: where it landed comes from the live run record
+    # a thread's header, whatever name py-spy reads for it (it may read "" for the main thread)
+    assert "stacks at the hang: task 1 (node2)" in log and STACK_HEADER.search(log) and "no stacks" not in log, log[-3000:]
+    assert not wait_gone(cli.home, 10)
+    print(f"\nSIGSTOP of task 1: hang named (stacks taken) after {took['named']:.2f} s, task 0 stopped "
+          f"{took['peer']:.2f} s after that")
+    assert took["peer"] < 5.0, took  # under 0.1 s; it was 10 s more, waiting for a scheduler's verdict
+
+
+def test_down_cancels_a_detached_run(sc, cli, tmp_path, monkeypatch):
+    spec = write_spec(tmp_path, SLEEP)
+    r = cli("up", "--detach", spec, timeout=300)
+    assert r.returncode == 0 and "running detached" in r.stdout, r.stdout + r.stderr
+    snap = status_json(cli)
+    assert snap["state"] == "running" and [t["state"] for t in snap["tasks"]] == ["running", "running"]
+    assert snap["job"]["state"] == "running" and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
+    plain = cli("status", timeout=60).stdout
+    assert f"slurm job {snap['job']['id']}: running" in plain
+    # a command on task 1's node, inside the job (what `stacks` uses): an engine made from the run record
+    for k, v in sc.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MGPU_HOME", str(cli.home))
+    st = latest_state(cli)
+    # as status, logs and down make theirs: where each task landed and the job come from the run record
+    engine = engine_for(load_spec(spec), st["run_id"], landed=record.load(st["run_id"]))
+    code, text, err = engine.call(1, ["sh", "-c", 'echo "$SLURMD_NODENAME $SLURM_JOB_ID $PWD"'], 60)
+    assert (code, text.split()) == (0, ["node2", snap["job"]["id"], st["tasks"][1]["run_dir"]]), err
+    engine.close()  # made for a command: it leaves the job alone
+    assert job_state(sc, snap["job"]["id"]) == "RUNNING"
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert job_state(sc, snap["job"]["id"], "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+    after = status_json(cli)
+    assert after["state"] == "stopped" and after["job"]["state"] == "cancelled"
+    assert cli("down", timeout=120).returncode == 0  # safe to repeat
+
+
+def test_down_of_a_run_whose_launcher_was_killed(sc, cli, tmp_path):
+    """`down` from a fresh shell with only the record and the spec copy: scancel of the recorded job."""
+    spec = write_spec(tmp_path, SLEEP)
+    assert cli("up", "--detach", spec, timeout=300).returncode == 0
+    st = latest_state(cli)
+    psutil.Process(st["agent_pid"]).kill()
+    job_id = st["job"]["id"]
+    assert job_state(sc, job_id) == "RUNNING"  # the job does not depend on the launcher
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert job_state(sc, job_id, "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+
+
+@pytest.mark.cluster
+def test_a_job_whose_launcher_is_killed_ends_itself(killed_launcher):
+    """kill -9 of `up`: the job's lifeline (the launcher touches launcher.alive) runs out and the job
+    cancels itself: nothing is left running on any node. (The run: `killed_launcher`, on a cluster of its own.)"""
+    run = killed_launcher
+    run.driver.join(300)
+    if run.error is not None:
+        raise run.error
+    assert run.code == -signal.SIGKILL
+    job_id = latest_state(run.cli)["job"]["id"]
+    assert wait_for(lambda: (run.cluster.job(job_id) or {}).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"),
+                    60, "the job to end itself")
+    assert not wait_gone(run.cli.home, 15)
+    assert status_json(run.cli)["state"] == "lost"
+
+
+def test_ctrl_c_on_up_cancels_the_job_and_exits_130(sc, cli, tmp_path):
+    spec = write_spec(tmp_path, SLEEP)
+    running = lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli))  # noqa: E731
+    code, out = cli.up_while(spec, running, lambda up, _st: up.send_signal(signal.SIGINT), "tasks running")
+    assert code == 130, out
+    assert "interrupted" in out.lower() and not launcher_traceback(out)
+    st = latest_state(cli)
+    job_id = st["job"]["id"]
+    assert job_state(sc, job_id, "CANCELLED")
+    assert not wait_gone(cli.home, 10)
+    assert status_json(cli)["state"] == "stopped"
+
+
+def test_a_queued_job_shows_pending_with_its_reason(sc, cli, tmp_path):
+    blocker = sc.command("sbatch", "--parsable", "-N1", "-w", "node2", "-o", "/dev/null", "--wrap",
+                         "sleep 300").stdout.strip()
+    spec = write_spec(tmp_path, SLEEP)
+    up = cli.popen("up", spec)
+    try:
+        def pending():
+            r = cli("status", "--json", timeout=60)  # exit 2 until the run is recorded
+            s = json.loads(r.stdout) if r.returncode == 0 else {}
+            return s if s.get("job") and s["job"]["state"] == "pending" and s["job"]["reason"] else None
+
+        snap = wait_for(pending, 60, "the job pending")
+        assert snap["job"]["reason"] in ("Resources", "Priority"), snap["job"]
+        assert [t["state"] for t in snap["tasks"]] == ["pending", "pending"] and snap["state"] == "starting"
+        time.sleep(0.5)  # `up` polls the queue every 0.5 s
+        t0 = time.monotonic()
+        up.send_signal(signal.SIGINT)  # while queued: cancels the job, and no task can report: returns at once
+        out, _ = up.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert up.returncode == 130, out
+        assert "waiting in the queue (" in out and "did not confirm their stop" not in out, out
+        assert job_state(sc, snap["job"]["id"], "CANCELLED")
+        after = status_json(cli)
+        assert after["state"] == "stopped" and after["job"]["state"] == "cancelled", after
+        print(f"\nCtrl-C of up while its job is queued: exit 130 after {took:.2f} s")
+        assert took < 5.0, took  # was stop_grace + 8 s, waiting for exit reports of tasks that never ran
+    finally:
+        if up.poll() is None:
+            up.kill()
+        sc.command("scancel", blocker, check=False)
+
+
+def test_up_inside_an_allocation_runs_srun_directly(sc, cli, tmp_path):
+    dump = "import os; open(os.environ['MGPU_RUN_DIR'] + '/tf_config', 'w').write(os.environ['TF_CONFIG'])"
+    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}")
+    r = subprocess.run(["salloc", "-N2", *cli.argv("up", spec)], cwd=cli.cwd, env=cli.env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "inside allocation" in out and "submitted" not in out
+    st = latest_state(cli)
+    alloc = st["job"]["id"]
+    assert st["job"]["mode"] == "allocation" and alloc
+    assert f"mgpu-{st['run_id']}" not in our_jobs(sc)  # no job of its own: the step ran in salloc's job
+    port = slurm_task.default_port(alloc)
+    for i, t in enumerate(st["tasks"]):
+        cfg = json.loads((Path(t["run_dir"]) / "tf_config").read_text())
+        assert cfg["cluster"]["worker"] == [f"{a}:{port}" for _, a in sc.nodes] and cfg["task"]["index"] == i
+    assert status_json(cli)["state"] == "succeeded"
+
+
+def test_refused_before_anything_is_submitted(sc, cli, tmp_path):
+    before = our_jobs(sc)
+    for kw, needle in [({"partition": "gpu"}, "[slurm].partition = 'gpu': no such partition; partitions here: debug"),
+                       ({"nodes": 3}, "[slurm].nodes = 3, but partition debug has 2 node(s)")]:
+        r = cli("up", write_spec(tmp_path, SLEEP, **kw), timeout=120)
+        assert r.returncode == 2 and needle in r.stderr and "nothing was started" in r.stderr, r.stdout + r.stderr
+    bare = tmp_path / "bin"  # no Slurm on PATH: exit 2, with the fix
+    bare.mkdir()
+    saved, cli.env = cli.env, {**cli.env, "PATH": str(bare)}
+    try:
+        r = cli("up", write_spec(tmp_path, SLEEP), timeout=120)
+    finally:
+        cli.env = saved
+    assert r.returncode == 2 and "Slurm's commands are not on PATH" in r.stderr and "[[hosts]]" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert our_jobs(sc) == before
+    assert not run_processes(cli.home)
+
+
+def test_a_node_count_the_partition_cannot_grant_is_refused_at_once(sc, cli, tmp_path):
+    """The largest count the spec takes, on a 2-node partition: `check` plans it and refuses in one
+    paragraph naming [slurm].nodes, in seconds (was: planning alone kept it at 100% CPU for half an hour)."""
+    t0 = time.monotonic()
+    r = cli("check", write_spec(tmp_path, SLEEP, nodes=65533), timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "[slurm].nodes = 65533, but partition debug has 2 node(s): Slurm cannot grant that many" in r.stderr
+    assert "lower [slurm].nodes to at most 2" in r.stderr and r.stderr.count("[slurm].nodes = ") == 1, r.stderr
+    print(f"\ncheck of 65533 nodes on a 2-node partition: refused in {took:.2f} s (the CLI's start included)")
+    assert took < 15.0, took
+
+
+def test_down_inside_a_users_batch_job_cancels_only_the_runs_step(sc, cli, tmp_path):
+    """`mgpu-cluster up` in the user's own batch script: the step runs in that job; `down` ends the
+    run's step and leaves the user's job running."""
+    spec = write_spec(tmp_path, SLEEP)
+    script = " ".join(cli.argv("up", spec)) + "; sleep 300"
+    job = sc.command("sbatch", "--parsable", "-N2", "-o", tmp_path / "user-job.out", "-D", cli.cwd, "--wrap", script,
+                     env=cli.env).stdout.strip()
+    st = wait_for(lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)), 120,
+                  "the run running in the user's job")
+    assert st["job"]["id"] == job and st["job"]["mode"] == "allocation"
+    d = cli("down", timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert status_json(cli)["state"] == "stopped"
+    wait_for(lambda: not any(f"{job}." in w and not w.endswith((".batch", ".extern")) for w in
+                             sc.command("squeue", "-h", "-s", "-o", "%i").stdout.split()), 20, "the run's step ended")
+    assert job_state(sc, job) == "RUNNING"  # the user's allocation is theirs
+    assert not any(psutil.pid_exists(t["pid"]) and psutil.Process(t["pid"]).status() != "zombie"
+                   for t in st["tasks"])
 
 
 # --------------------------------------------------------------------------- pure: no cluster needed
@@ -358,76 +834,17 @@ def test_hosts_and_slurm_together_refused(cli, tmp_path):
     assert r.returncode == 2 and "exactly one of [[hosts]]" in r.stderr and "[slurm]" in r.stderr
 
 
-# --------------------------------------------------------------------------- against a real Slurm
+# --------------------------------------------------------------------------- the trainings (`trainings`)
 
-@pytest.fixture
-def sc(slurm_cluster, cli):
-    """The session's cluster, clients pointed at it; every job of a test ends with the test."""
-    cli.env.update(slurm_cluster.env)
-    yield slurm_cluster
-    slurm_cluster.command("scancel", "--user=root", check=False)
-    wait_for(lambda: not slurm_cluster.command("squeue", "-h", check=False).stdout.strip(), 60, "no jobs left")
-    wait_for(lambda: set(slurm_cluster.node_states().values()) == {"idle"}, 30, "idle nodes")
-
-
-def write_spec(tmp_path: Path, training: str, slurm: str = "", launch: str = "", nodes: int = 2,
-               partition: str = "debug") -> Path:
-    return write_slurm_spec(tmp_path, training, slurm, launch, nodes, partition,
-                            env='TF_CPP_MIN_LOG_LEVEL = "2", MY_TOKEN = "hunter2"')
-
-
-def digits(*extra: str) -> str:
-    return "command = " + json.dumps([PY, *DIGITS, "--batch-size-per-replica", "32", "--learning-rate", "0.002",
-                                      *extra])
-
-
-
-def progress(task: dict) -> dict:
-    try:
-        return json.loads((Path(task["run_dir"]) / "progress.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def started_record(task: dict, attempt: int):
-    """The Started record the task core wrote for `attempt` in its events file."""
-    from worker import protocol
-
-    lines = (Path(task["run_dir"]) / f"events-{attempt}.jsonl").read_bytes().splitlines()
-    return next(ev for ev in map(protocol.decode, lines) if isinstance(ev, protocol.Started))
-
-
-def training(cli, epoch: int = 1):
-    """The newest run's state once both tasks train (task 1 at `epoch` or later)."""
-    st = latest_state(cli)
-    if st and st["state"] == "running" and all((progress(t).get("global_step") or 0) > 0 for t in st["tasks"]) \
-            and progress(st["tasks"][1]).get("epoch", 0) >= epoch:
-        return st
-    return None
-
-
-def our_jobs(sc) -> list[str]:
-    """Every mgpu job the controller knows (finished ones too: MinJobAge is an hour)."""
-    return [n for n in sc.command("squeue", "-h", "-t", "all", "-o", "%j").stdout.split() if n.startswith("mgpu-")]
-
-
-def job_state(sc, job_id: str, *final: str) -> str:
-    """The job's state; with `final` states, once it reached one of them (COMPLETING passes in seconds)."""
-    state = lambda: (sc.job(job_id) or {}).get("JobState", "")  # noqa: E731
-    return wait_for(lambda: state() in final and state(), 20, f"job {job_id} in {final}") if final else state()
-
-
-def test_up_trains_digits_on_two_nodes_with_equal_weights(sc, cli, tmp_path):
-    weights = tmp_path / "shared" / "weights-{task}.npz"
-    spec = write_spec(tmp_path, digits("--epochs", "5", "--save-weights", str(weights)))
-    dry = cli("up", "--dry-run", spec, timeout=60)
+@pytest.mark.cluster
+def test_up_trains_digits_on_two_nodes_with_equal_weights(trainings):
+    run = trainings.result("digits")
+    dry, r, snap = run.dry, run.up, run.snap
     assert dry.returncode == 0 and "srun --kill-on-bad-exit=1" in dry.stdout and "#!/bin/bash" in dry.stdout
-    assert "MY_TOKEN=****" in dry.stdout and "hunter2" not in dry.stdout and not our_jobs(sc)
-    r = cli("up", spec, timeout=600)
+    assert "MY_TOKEN=****" in dry.stdout and "hunter2" not in dry.stdout and not run.jobs_before
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "task0 node1 |" in out and "task1 node2 |" in out and not launcher_traceback(out)
-    snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["engine"] == "slurm", snap
     assert [t["state"] for t in snap["tasks"]] == ["succeeded", "succeeded"]
     assert snap["job"]["state"] == "completed"
@@ -435,332 +852,50 @@ def test_up_trains_digits_on_two_nodes_with_equal_weights(sc, cli, tmp_path):
         assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
     # one job; the tasks on the two nodes, both on the port derived from the job id, as their records said
     started = [started_record(t, 0) for t in snap["tasks"]]
-    assert [(ev.host, ev.port) for ev in started] == [(n, slurm_task.default_port(snap["job"]["id"])) for n, _ in sc.nodes]
     port = slurm_task.default_port(snap["job"]["id"])
+    assert [(ev.host, ev.port) for ev in started] == [(n, port) for n, _ in run.cluster.nodes]
     assert [t["port"] for t in snap["tasks"]] == [port, port] and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
-    a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
+    a, b = (np.load(str(run.weights).format(task=i)) for i in (0, 1))
     assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)  # synchronous: same weights
-    logs = cli("logs", "--task", "1", "--tail", "3", timeout=60)
-    assert logs.returncode == 0 and len(logs.stdout.strip().splitlines()) == 3
+    assert run.logs.returncode == 0 and len(run.logs.stdout.strip().splitlines()) == 3
     first_step = next(line for line in out.splitlines() if "phases:" in line)
     print(f"\n{first_step}")  # 'to first step' counts from the submission (sbatch) to the first trained step
-    assert not wait_gone(cli.home, 10)
+    assert not run.left
 
 
-def test_each_task_gets_the_environment_contract(sc, cli, tmp_path):
-    """A fixed port; TF_CONFIG and MGPU_* as each task saw them."""
-    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
-    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}", slurm="port = 23456")
-    r = cli("up", spec, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    st = latest_state(cli)
-    workers = [f"{address}:23456" for _, address in sc.nodes]
-    for i, t in enumerate(st["tasks"]):
-        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
-        assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
-        assert (env["MGPU_RUN_ID"], env["MGPU_TASK_INDEX"], env["MGPU_NUM_WORKERS"]) == (st["run_id"], str(i), "2")
-        assert env["MGPU_RUN_DIR"] == t["run_dir"] and env["SLURMD_NODENAME"] == f"node{i + 1}"
-        assert (env["TF_USE_LEGACY_KERAS"], env["CUDA_VISIBLE_DEVICES"], env["MY_TOKEN"]) == ("1", "", "hunter2")
-        assert t["port"] == 23456
-
-
-def test_each_task_of_a_jax_spec_gets_kerass_variables(sc, cli, tmp_path):
-    """backend = "jax": the coordinator (the first node's address, the port) and the task's rank, built on its
-    node from what the launcher wrote; no TF_CONFIG, no TF_USE_LEGACY_KERAS."""
-    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
-        cli.env.pop(name, None)  # srun passes the launcher's own environment on
-    dump = "import json, os; json.dump(dict(os.environ), open(os.environ['MGPU_RUN_DIR'] + '/env.json', 'w'))"
-    spec = write_slurm_spec(tmp_path, f'backend = "jax"\ncommand = {json.dumps([PY, "-c", dump])}',
-                            slurm="port = 23457")
-    r = cli("up", spec, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    st = latest_state(cli)
-    coordinator = f"{sc.nodes[0][1]}:23457"
-    for i, t in enumerate(st["tasks"]):
-        env = json.loads((Path(t["run_dir"]) / "env.json").read_text())
-        assert [env.get(k) for k in task_env.KERAS_VARIABLES] == ["jax", coordinator, "2", str(i)]
-        assert "TF_CONFIG" not in env and "TF_USE_LEGACY_KERAS" not in env and env["MGPU_TASK_INDEX"] == str(i)
-
-
-def test_digits_keras3_on_jax_trains_in_step_on_two_nodes(sc, cli, tmp_path):
+@pytest.mark.cluster
+def test_digits_keras3_on_jax_trains_in_step_on_two_nodes(trainings):
     """backend = "jax" in one job: each node's task with 2 CPU devices (XLA's host platform), JAX's coordinator on
     the first node, gloo between the nodes' namespaces; 4 replicas in sync and the same weights on both."""
-    need("jax")
-    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):
-        cli.env.pop(name, None)  # srun passes the launcher's own environment on
-    weights = tmp_path / "shared" / "weights-{task}.npz"
-    args = ["--steps-per-epoch", "6", "--save-weights", str(weights)]
-    spec = write_slurm_spec(tmp_path, f'backend = "jax"\nentrypoint = "worker.examples.digits_keras3:task"\n'
-                                      f"local_replicas = 2\nbatch_size_per_replica = 16\nepochs = 2\n"
-                                      f"args = {json.dumps(args)}")
-    r = cli("up", spec, timeout=600)
+    run = trainings.result("keras3")
+    r, snap = run.up, run.snap
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert out.count("DataParallel (jax), 4 replica(s) in sync, global batch 64 (16/replica)") == 2, out
     assert "task0 node1 |" in out and "task1 node2 |" in out and not launcher_traceback(out)
-    snap = status_json(cli)
     assert (snap["state"], snap["engine"], snap["job"]["state"]) == ("succeeded", "slurm", "completed"), snap
     for t in snap["tasks"]:
         assert (t["state"], t["epoch"], t["epochs"], t["global_step"], t["replicas"]) == ("succeeded", 2, 2, 12, 4), t
-    a, b = (np.load(str(weights).format(task=i)) for i in (0, 1))
+    a, b = (np.load(str(run.weights).format(task=i)) for i in (0, 1))
     assert a.files and a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files), "weights differ"
-    assert not wait_gone(cli.home, 10)
+    assert not run.left
 
 
-def test_kill_9_of_a_task_ends_the_job_and_names_it(sc, cli, tmp_path):
-    spec = write_spec(tmp_path, digits("--epochs", "200"))
-    took = {}
-
-    def kill_task_1(up, st):
-        victim, other = st["tasks"][1], st["tasks"][0]
-        survivors = [psutil.Process(other["pid"]), psutil.Process(other["supervisor_pid"])]
-        os.kill(victim["pid"], signal.SIGKILL)
-        t0 = time.time()
-        _gone, alive = psutil.wait_procs(survivors, timeout=30)
-        took["other task"] = time.time() - t0
-        assert not alive
-        # every process of the run (tasks, their wrappers, the job's script and srun), but `up` itself
-        wait_for(lambda: not [p for p in run_processes(cli.home) if p.pid != up.pid], 30, "the run's processes gone")
-        took["every process"] = time.time() - t0
-
-    code, out = cli.up_while(spec, lambda: training(cli), kill_task_1, "both tasks training")
-    assert code == 1, out
-    failure = status_json(cli)["failure"]  # a failure is data, for a Slurm run as for the others
-    assert (failure["task"], failure["kind"], failure["signal"], failure["host"]) == (1, "killed", "SIGKILL", "node2")
-    assert failure["message"].startswith("task 1 (node2:") and "SIGKILL" in failure["message"], failure
-    assert "task 1" in out and not launcher_traceback(out)
-    job_id = latest_state(cli)["job"]["id"]
-    wait_for(lambda: job_id not in sc.command("squeue", "-h", "-o", "%i").stdout.split(), 10, "the job off squeue")
-    assert job_state(sc, job_id, "FAILED", "CANCELLED")
-    assert not wait_gone(cli.home, 5)
-    print(f"\nkill -9 of task 1: task 0 gone after {took['other task']:.2f} s, every process of the run after "
-          f"{took['every process']:.2f} s")
-    assert took["every process"] < 10.0, took  # typically ~1 s; a wide margin on 2 shared cores
-
-
-def test_a_hung_task_has_its_peer_stopped_within_seconds_of_the_hang_being_named(sc, cli, tmp_path):
-    """Task 1 frozen (SIGSTOP): named hung, stacks taken; the job still runs and nothing says Slurm is ending
-    it, so the peer is stopped at once (no wait for a scheduler's verdict that cannot come)."""
-    # no TensorFlow: its own heartbeats would end the peer by themselves (~10 s), hiding the launcher's delay
-    spec = write_spec(tmp_path, STEPS, launch="heartbeat_timeout = 4")
-    took = {}
-
-    def freeze_task_1(_up, st):
-        log = cli.home / "runs" / st["run_id"] / "launcher.log"
-        peer = [psutil.Process(st["tasks"][0]["pid"]), psutil.Process(st["tasks"][0]["supervisor_pid"])]
-        os.kill(st["tasks"][1]["pid"], signal.SIGSTOP)
-        t0 = time.time()
-        wait_for(lambda: "taken before stopping anything" in log.read_text(), 60, "the hang named, its stacks taken")
-        named = time.time()
-        _gone, alive = psutil.wait_procs(peer, timeout=60)
-        took.update(named=named - t0, peer=time.time() - named)
-        assert not alive
-
-    code, out = cli.up_while(spec, lambda: training(cli), freeze_task_1, "both tasks training")
-    assert code == 1 and not launcher_traceback(out), out
-    failure = status_json(cli)["failure"]
-    assert (failure["task"], failure["kind"]) == (1, "hung") and "SIGSTOP" in failure["message"], failure
-    log = (cli.home / "runs" / latest_state(cli)["run_id"] / "launcher.log").read_text()
-    # taken on each task's node inside the job: where it landed comes from the live run record
-    # a thread's header, whatever name py-spy reads for it (it may read "" for the main thread)
-    assert "stacks at the hang: task 1 (node2)" in log and STACK_HEADER.search(log) and "no stacks" not in log, log[-3000:]
-    assert not wait_gone(cli.home, 10)
-    print(f"\nSIGSTOP of task 1: hang named (stacks taken) after {took['named']:.2f} s, task 0 stopped "
-          f"{took['peer']:.2f} s after that")
-    assert took["peer"] < 5.0, took  # under 0.1 s; it was 10 s more, waiting for a scheduler's verdict
-
-
-def test_down_cancels_a_detached_run(sc, cli, tmp_path, monkeypatch):
-    spec = write_spec(tmp_path, SLEEP)
-    r = cli("up", "--detach", spec, timeout=300)
-    assert r.returncode == 0 and "running detached" in r.stdout, r.stdout + r.stderr
-    snap = status_json(cli)
-    assert snap["state"] == "running" and [t["state"] for t in snap["tasks"]] == ["running", "running"]
-    assert snap["job"]["state"] == "running" and [t["host"] for t in snap["tasks"]] == ["node1", "node2"]
-    plain = cli("status", timeout=60).stdout
-    assert f"slurm job {snap['job']['id']}: running" in plain
-    # a command on task 1's node, inside the job (what `stacks` uses): an engine made from the run record
-    for k, v in sc.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("MGPU_HOME", str(cli.home))
-    st = latest_state(cli)
-    # as status, logs and down make theirs: where each task landed and the job come from the run record
-    engine = engine_for(load_spec(spec), st["run_id"], landed=record.load(st["run_id"]))
-    code, text, err = engine.call(1, ["sh", "-c", 'echo "$SLURMD_NODENAME $SLURM_JOB_ID $PWD"'], 60)
-    assert (code, text.split()) == (0, ["node2", snap["job"]["id"], st["tasks"][1]["run_dir"]]), err
-    engine.close()  # made for a command: it leaves the job alone
-    assert job_state(sc, snap["job"]["id"]) == "RUNNING"
-    d = cli("down", timeout=120)
-    assert d.returncode == 0, d.stdout + d.stderr
-    assert job_state(sc, snap["job"]["id"], "CANCELLED")
-    assert not wait_gone(cli.home, 10)
-    after = status_json(cli)
-    assert after["state"] == "stopped" and after["job"]["state"] == "cancelled"
-    assert cli("down", timeout=120).returncode == 0  # safe to repeat
-
-
-def test_down_of_a_run_whose_launcher_was_killed(sc, cli, tmp_path):
-    """`down` from a fresh shell with only the record and the spec copy: scancel of the recorded job."""
-    spec = write_spec(tmp_path, SLEEP)
-    assert cli("up", "--detach", spec, timeout=300).returncode == 0
-    st = latest_state(cli)
-    psutil.Process(st["agent_pid"]).kill()
-    job_id = st["job"]["id"]
-    assert job_state(sc, job_id) == "RUNNING"  # the job does not depend on the launcher
-    d = cli("down", timeout=120)
-    assert d.returncode == 0, d.stdout + d.stderr
-    assert job_state(sc, job_id, "CANCELLED")
-    assert not wait_gone(cli.home, 10)
-
-
-def test_a_job_whose_launcher_is_killed_ends_itself(sc, cli, tmp_path):
-    """kill -9 of `up`: the job's lifeline (the launcher touches launcher.alive) runs out and the job
-    cancels itself: nothing is left running on any node."""
-    spec = write_spec(tmp_path, SLEEP, launch="heartbeat_timeout = 5")  # lifeline: 10 s
-    code, _out = cli.up_while(spec, lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)),
-                              lambda up, _st: up.kill(), "tasks running")
-    assert code == -signal.SIGKILL
-    job_id = latest_state(cli)["job"]["id"]
-    assert wait_for(lambda: (sc.job(job_id) or {}).get("JobState") in ("CANCELLED", "COMPLETED", "FAILED"), 60,
-                    "the job to end itself")
-    assert not wait_gone(cli.home, 15)
-    assert status_json(cli)["state"] == "lost"
-
-
-def test_ctrl_c_on_up_cancels_the_job_and_exits_130(sc, cli, tmp_path):
-    spec = write_spec(tmp_path, SLEEP)
-    running = lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli))  # noqa: E731
-    code, out = cli.up_while(spec, running, lambda up, _st: up.send_signal(signal.SIGINT), "tasks running")
-    assert code == 130, out
-    assert "interrupted" in out.lower() and not launcher_traceback(out)
-    st = latest_state(cli)
-    job_id = st["job"]["id"]
-    assert job_state(sc, job_id, "CANCELLED")
-    assert not wait_gone(cli.home, 10)
-    assert status_json(cli)["state"] == "stopped"
-
-
-def test_a_queued_job_shows_pending_with_its_reason(sc, cli, tmp_path):
-    blocker = sc.command("sbatch", "--parsable", "-N1", "-w", "node2", "-o", "/dev/null", "--wrap",
-                         "sleep 300").stdout.strip()
-    spec = write_spec(tmp_path, SLEEP)
-    up = cli.popen("up", spec)
-    try:
-        def pending():
-            r = cli("status", "--json", timeout=60)  # exit 2 until the run is recorded
-            s = json.loads(r.stdout) if r.returncode == 0 else {}
-            return s if s.get("job") and s["job"]["state"] == "pending" and s["job"]["reason"] else None
-
-        snap = wait_for(pending, 60, "the job pending")
-        assert snap["job"]["reason"] in ("Resources", "Priority"), snap["job"]
-        assert [t["state"] for t in snap["tasks"]] == ["pending", "pending"] and snap["state"] == "starting"
-        time.sleep(0.5)  # `up` polls the queue every 0.5 s
-        t0 = time.monotonic()
-        up.send_signal(signal.SIGINT)  # while queued: cancels the job, and no task can report: returns at once
-        out, _ = up.communicate(timeout=60)
-        took = time.monotonic() - t0
-        assert up.returncode == 130, out
-        assert "waiting in the queue (" in out and "did not confirm their stop" not in out, out
-        assert job_state(sc, snap["job"]["id"], "CANCELLED")
-        after = status_json(cli)
-        assert after["state"] == "stopped" and after["job"]["state"] == "cancelled", after
-        print(f"\nCtrl-C of up while its job is queued: exit 130 after {took:.2f} s")
-        assert took < 5.0, took  # was stop_grace + 8 s, waiting for exit reports of tasks that never ran
-    finally:
-        if up.poll() is None:
-            up.kill()
-        sc.command("scancel", blocker, check=False)
-
-
-def test_max_restarts_resumes_at_epoch_3_in_a_job_the_agent_submits(sc, cli, tmp_path):
+@pytest.mark.cluster
+def test_max_restarts_resumes_at_epoch_3_in_a_job_the_agent_submits(trainings):
     """The agent decides the restart, as for every engine (no policy in the batch script): it submits
     the next attempt's job, which resumes from the checkpoint."""
-    spec = write_spec(tmp_path, digits("--epochs", "5", "--steps-per-epoch", "60", "--batch-size-per-replica", "8"),
-                      launch="max_restarts = 1")
-    code, out = cli.up_while(spec, lambda: training(cli, epoch=3),
-                             lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL), "epoch 3 to begin",
-                             timeout=400)
+    run = trainings.result("restart")
+    code, out, snap = run.code, run.out, run.snap
     assert code == 0, out
     assert "restarting the whole group" in out and "resuming at epoch 3" in out
-    snap = status_json(cli)
     assert snap["state"] == "succeeded" and snap["attempt"] == 1 and snap["restarts"] == 1, snap
     assert snap["job"]["state"] == "completed"
     for t in snap["tasks"]:
         p = progress(t)
-        assert p["first_epoch"] == 3 and p["epoch"] == 5, p
+        assert p["first_epoch"] == 3 and p["epoch"] == 4, p
         assert started_record(t, 1).host == t["host"]  # attempt 1's records, in the second job's events file
         assert (Path(t["run_dir"]) / "events-0.jsonl").exists() and not (Path(t["run_dir"]) / "events-2.jsonl").exists()
     first, second = snap["job"]["ids"]  # one job an attempt, the last one the run's job now
-    assert second == snap["job"]["id"] and job_state(sc, first, "FAILED", "CANCELLED")
-    assert len([n for n in our_jobs(sc) if n == f"mgpu-{snap['run_id']}"]) == 2
-
-
-def test_up_inside_an_allocation_runs_srun_directly(sc, cli, tmp_path):
-    dump = "import os; open(os.environ['MGPU_RUN_DIR'] + '/tf_config', 'w').write(os.environ['TF_CONFIG'])"
-    spec = write_spec(tmp_path, f"command = {json.dumps([PY, '-c', dump])}")
-    r = subprocess.run(["salloc", "-N2", *cli.argv("up", spec)], cwd=cli.cwd, env=cli.env, capture_output=True,
-                       text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    assert "inside allocation" in out and "submitted" not in out
-    st = latest_state(cli)
-    alloc = st["job"]["id"]
-    assert st["job"]["mode"] == "allocation" and alloc
-    assert f"mgpu-{st['run_id']}" not in our_jobs(sc)  # no job of its own: the step ran in salloc's job
-    port = slurm_task.default_port(alloc)
-    for i, t in enumerate(st["tasks"]):
-        cfg = json.loads((Path(t["run_dir"]) / "tf_config").read_text())
-        assert cfg["cluster"]["worker"] == [f"{a}:{port}" for _, a in sc.nodes] and cfg["task"]["index"] == i
-    assert status_json(cli)["state"] == "succeeded"
-
-
-def test_refused_before_anything_is_submitted(sc, cli, tmp_path):
-    before = our_jobs(sc)
-    for kw, needle in [({"partition": "gpu"}, "[slurm].partition = 'gpu': no such partition; partitions here: debug"),
-                       ({"nodes": 3}, "[slurm].nodes = 3, but partition debug has 2 node(s)")]:
-        r = cli("up", write_spec(tmp_path, SLEEP, **kw), timeout=120)
-        assert r.returncode == 2 and needle in r.stderr and "nothing was started" in r.stderr, r.stdout + r.stderr
-    bare = tmp_path / "bin"  # no Slurm on PATH: exit 2, with the fix
-    bare.mkdir()
-    saved, cli.env = cli.env, {**cli.env, "PATH": str(bare)}
-    try:
-        r = cli("up", write_spec(tmp_path, SLEEP), timeout=120)
-    finally:
-        cli.env = saved
-    assert r.returncode == 2 and "Slurm's commands are not on PATH" in r.stderr and "[[hosts]]" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
-    assert our_jobs(sc) == before
-    assert not run_processes(cli.home)
-
-
-def test_a_node_count_the_partition_cannot_grant_is_refused_at_once(sc, cli, tmp_path):
-    """The largest count the spec takes, on a 2-node partition: `check` plans it and refuses in one
-    paragraph naming [slurm].nodes, in seconds (was: planning alone kept it at 100% CPU for half an hour)."""
-    t0 = time.monotonic()
-    r = cli("check", write_spec(tmp_path, SLEEP, nodes=65533), timeout=120)
-    took = time.monotonic() - t0
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
-    assert "[slurm].nodes = 65533, but partition debug has 2 node(s): Slurm cannot grant that many" in r.stderr
-    assert "lower [slurm].nodes to at most 2" in r.stderr and r.stderr.count("[slurm].nodes = ") == 1, r.stderr
-    print(f"\ncheck of 65533 nodes on a 2-node partition: refused in {took:.2f} s (the CLI's start included)")
-    assert took < 15.0, took
-
-
-def test_down_inside_a_users_batch_job_cancels_only_the_runs_step(sc, cli, tmp_path):
-    """`mgpu-cluster up` in the user's own batch script: the step runs in that job; `down` ends the
-    run's step and leaves the user's job running."""
-    spec = write_spec(tmp_path, SLEEP)
-    script = " ".join(cli.argv("up", spec)) + "; sleep 300"
-    job = sc.command("sbatch", "--parsable", "-N2", "-o", tmp_path / "user-job.out", "-D", cli.cwd, "--wrap", script,
-                     env=cli.env).stdout.strip()
-    st = wait_for(lambda: (lambda s: s if s and s["state"] == "running" else None)(latest_state(cli)), 120,
-                  "the run running in the user's job")
-    assert st["job"]["id"] == job and st["job"]["mode"] == "allocation"
-    d = cli("down", timeout=120)
-    assert d.returncode == 0, d.stdout + d.stderr
-    assert status_json(cli)["state"] == "stopped"
-    wait_for(lambda: not any(f"{job}." in w and not w.endswith((".batch", ".extern")) for w in
-                             sc.command("squeue", "-h", "-s", "-o", "%i").stdout.split()), 20, "the run's step ended")
-    assert job_state(sc, job) == "RUNNING"  # the user's allocation is theirs
-    assert not any(psutil.pid_exists(t["pid"]) and psutil.Process(t["pid"]).status() != "zombie"
-                   for t in st["tasks"])
+    assert second == snap["job"]["id"] and job_state(run.cluster, first, "FAILED", "CANCELLED")
+    assert len([n for n in our_jobs(run.cluster) if n == f"mgpu-{snap['run_id']}"]) == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fixtures import REPO, require_slurm  # the fixtures come from conftest's pytest_plugins
+from slurm_fixtures import REPO, _start, _stop, require_slurm  # the fixtures come from conftest's pytest_plugins
 from slurmcluster import _alive, _link_names, _netns_list, _netns_pids
 
 # One task: its own address, the port bound (no SO_REUSEADDR) while every task holds it.
@@ -168,8 +168,23 @@ def test_kill_on_bad_exit_ends_the_other_task(slurm_cluster, tmp_path, mode):
     print(f"kill-on-bad-exit ({mode}): other task gone after {elapsed:.2f}s")
 
 
-def test_go_away_and_revive(make_slurm_cluster, tmp_path):
-    sc = make_slurm_cluster(2)
+@pytest.fixture(scope="module")
+def spare(request):
+    """A private cluster of this module's own, apart from the session's: test_go_away_and_revive breaks and revives
+    a node of it, then test_stop_removes_everything_and_clusters_do_not_clash stops it (one start, and one first
+    scheduling pass of a fresh controller, for both). Stopped here too (stop() is idempotent), also after a failure."""
+    require_slurm()
+    failed_before = request.session.testsfailed
+    made = _start(2)
+    try:
+        yield made
+    finally:
+        _stop(made, request, failed_before)
+
+
+@pytest.mark.cluster
+def test_go_away_and_revive(spare, tmp_path):
+    sc = spare
     # batch jobs are requeued after a node failure by default (JobRequeue=1): not this one
     job_id, pids = start_sleepers(sc, tmp_path / "away", "--no-requeue")
     killed = sc.go_away(1)
@@ -183,8 +198,10 @@ def test_go_away_and_revive(make_slurm_cluster, tmp_path):
     assert sc.command("srun", "-N2", "-n2", "true").returncode == 0
 
 
-def test_stop_removes_everything_and_clusters_do_not_clash(slurm_cluster, make_slurm_cluster, tmp_path):
-    sc = make_slurm_cluster(2)
+@pytest.mark.cluster
+def test_stop_removes_everything_and_clusters_do_not_clash(slurm_cluster, spare, tmp_path):
+    sc = spare
+    wait_for(lambda: set(sc.node_states().values()) == {"idle"}, 30, "both nodes idle")  # after test_go_away_and_revive
     assert sc.prefix != slurm_cluster.prefix and sc.subnet != slurm_cluster.subnet
     job_id, pids = start_sleepers(sc, tmp_path / "stop")
     waiting = subprocess.Popen(["srun", "-N1", "true"], env=sc.environ(), stdin=subprocess.DEVNULL,
