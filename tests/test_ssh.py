@@ -8,6 +8,7 @@ every process of every "host". The launcher runs as a subprocess with HOME=<test
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -172,8 +173,9 @@ def test_digits_over_ssh_trains_with_identical_weights(cli, th, tmp_path):
     weights = tmp_path / "weights"
     weights.mkdir()
     spec = write_spec(tmp_path, th.addresses[:2], {"command": [
-        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "5",
-        "--batch-size-per-replica", "32", "--learning-rate", "0.002", "--save-weights", f"{weights}/w-{{task}}.npz"]})
+        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "3",
+        "--batch-size-per-replica", "32", "--learning-rate", "0.002", "--save-weights", f"{weights}/w-{{task}}.npz"]},
+        launch={"standby": False})  # no fork server importing TensorFlow beside each task: nothing restarts here
     t0 = time.time()
     r = cli("up", spec, timeout=600)
     took = time.time() - t0
@@ -186,7 +188,7 @@ def test_digits_over_ssh_trains_with_identical_weights(cli, th, tmp_path):
     assert [(t["host"], t["port"], t["state"]) for t in snap["tasks"]] == [
         (th.addresses[0], PORT, "succeeded"), (th.addresses[1], PORT, "succeeded")]
     for t in snap["tasks"]:
-        assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
+        assert t["epoch"] == t["epochs"] == 3 and t["metrics"]["val_accuracy"] >= 0.90, t
     import numpy as np
 
     w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
@@ -207,8 +209,9 @@ def test_keras3_on_jax_over_ssh_trains_in_step(cli, th, tmp_path):
     weights = tmp_path / "weights"
     spec = write_spec(tmp_path, th.addresses[:2], {
         "backend": "jax", "entrypoint": "worker.examples.digits_keras3:task", "local_replicas": 2,
-        "batch_size_per_replica": 16, "learning_rate": 0.001, "epochs": 5,
-        "args": ["--save-weights", f"{weights}/w-{{task}}.npz"]})
+        "batch_size_per_replica": 16, "learning_rate": 0.001, "epochs": 3,
+        "args": ["--save-weights", f"{weights}/w-{{task}}.npz"]},
+        launch={"standby": False})  # no fork server importing Keras and JAX beside each task: nothing restarts here
     r = cli("up", spec, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
@@ -217,7 +220,7 @@ def test_keras3_on_jax_over_ssh_trains_in_step(cli, th, tmp_path):
     assert [(t["host"], t["state"]) for t in snap["tasks"]] == [(th.addresses[0], "succeeded"),
                                                                (th.addresses[1], "succeeded")]
     for t in snap["tasks"]:
-        assert t["epoch"] == t["epochs"] == 5 and t["metrics"]["val_accuracy"] >= 0.90, t
+        assert t["epoch"] == t["epochs"] == 3 and t["metrics"]["val_accuracy"] >= 0.90, t
     import numpy as np
 
     w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
@@ -291,57 +294,140 @@ def test_kill_9_of_a_remote_training_process_is_a_killed_failure(cli, th, tmp_pa
     assert not wait_gone(tmp_path, 30), "a process of the run survived on some host"
 
 
-@needs_root
-def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cli, th, tmp_path):
-    victim = 1
-    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 4, "connect_timeout": 3})
-    cut_pids = []
+# --------------------------------------------------------------------------- hosts cut off
+# Three runs that each cut one host off: the launcher waits stop_grace + 8 s for the exit report the cut host
+# never sends, then tries to reach it (connect_timeout), and the cut host's task stops by its lifeline (10 s
+# at least). The waits are idle, so the three runs go at once (and nothing else meanwhile), each on two hosts
+# of its own (the victim is task 1's host) with its own folder and MGPU_HOME; each test asserts on its run.
 
-    def cut(_up, st):
-        cut_pids.extend([st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]])
-        th.cut(victim)
 
+class CutRun:
+    """One run with a host cut off: its CLI, folder, hosts and what it gave."""
+
+    def __init__(self, th: TestHosts, folder: Path, hosts: tuple[int, int]):
+        self.th, self.tmp, self.hosts = th, folder, hosts
+        self.cli = SSHCli(folder / "mgpu-home", folder, th)
+        self.addresses = [th.addresses[h] for h in hosts]
+        self.victim = 1  # the task whose host is cut
+        self.cut_pids: list[int] = []
+
+    def spec(self, heartbeat_timeout: float) -> Path:
+        return write_spec(self.tmp, self.addresses, tick(),
+                          launch={"heartbeat_timeout": heartbeat_timeout, "connect_timeout": 3})
+
+    def progressing(self):
+        return all_progressing(self.cli, self.tmp)
+
+    def cut(self, st: dict) -> None:
+        self.cut_pids.extend([st["tasks"][self.victim]["pid"], st["tasks"][self.victim]["supervisor_pid"]])
+        self.th.cut(self.hosts[self.victim])
+
+    def wait_for_lifeline(self) -> None:
+        # the cut host cannot hear the launcher: its supervisor's lifeline stops the task by itself
+        wait_for(lambda: not any(alive(p) for p in self.cut_pids), 60, "the cut host's task to stop by itself")
+
+
+def cut_off_heartbeat(run: CutRun) -> None:
+    spec = run.spec(heartbeat_timeout=4)
     t0 = time.time()
     try:
-        code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), cut, "2 tasks progressing",
-                                 ready_timeout=120, timeout=180)
-        detected = time.time() - t0
-        # the cut host cannot hear the launcher: its supervisor's lifeline stops the task by itself
-        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+        run.code, run.out = run.cli.up_while(spec, run.progressing, lambda _up, st: run.cut(st),
+                                             "2 tasks progressing", ready_timeout=120, timeout=180)
+        run.detected = time.time() - t0
+        run.wait_for_lifeline()
     finally:
-        th.restore(victim)
-    assert code == 1, out
-    assert f"task {victim} ({th.addresses[victim]}:{PORT}) sent no progress" in out, out
-    assert "heartbeat_timeout = 4" in out and "Traceback" not in out
-    assert not wait_gone(tmp_path, 30)
-    print(f"\ncut host: up ended {detected:.1f} s after the cut")
+        run.th.restore(run.hosts[run.victim])
 
 
-@needs_root
-def test_ctrl_c_with_a_host_cut_off_says_which_tasks_were_stopped(cli, th, tmp_path):
-    """A stop that cannot reach a host says so, on screen and in the record, and names the lifeline."""
-    victim = 1
-    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 10, "connect_timeout": 3})
-    cut_pids = []
+def cut_off_ctrl_c(run: CutRun) -> None:
+    spec = run.spec(heartbeat_timeout=10)
 
     def cut_then_interrupt(up, st):
-        cut_pids.extend([st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]])
-        th.cut(victim)
+        run.cut(st)
         up.send_signal(signal.SIGINT)
 
     try:
-        code, out = cli.up_while(spec, lambda: all_progressing(cli, tmp_path), cut_then_interrupt,
-                                 "2 tasks progressing", ready_timeout=120, timeout=180)
-        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
+        run.code, run.out = run.cli.up_while(spec, run.progressing, cut_then_interrupt, "2 tasks progressing",
+                                             ready_timeout=120, timeout=180)
+        run.wait_for_lifeline()
     finally:
-        th.restore(victim)
+        run.th.restore(run.hosts[run.victim])
+
+
+def cut_off_down(run: CutRun) -> None:
+    spec = run.spec(heartbeat_timeout=10)
+    r = run.cli("up", "--detach", spec, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = wait_for(run.progressing, 120, "2 tasks progressing")
+    try:
+        run.cut(st)
+        run.down = run.cli("down", timeout=180)
+        run.wait_for_lifeline()
+    finally:
+        run.th.restore(run.hosts[run.victim])
+
+
+CUT_OFF_RUNS = {"heartbeat": cut_off_heartbeat, "ctrl_c": cut_off_ctrl_c, "down": cut_off_down}
+CUT_OFF_HOSTS = {"heartbeat": (2, 3), "ctrl_c": (4, 5), "down": (6, 7)}  # of the module's 8 hosts
+
+
+@pytest.fixture(scope="module")
+def cut_off(th, tmp_path_factory):
+    """The three cut-off runs, started together, all ended: {name: Future of its CutRun}; a run's error is
+    raised by its own test (Future.result()). Nothing of any run is left afterwards."""
+    runs = {name: CutRun(th, tmp_path_factory.mktemp(f"cut-{name}"), CUT_OFF_HOSTS[name]) for name in CUT_OFF_RUNS}
+
+    def go(name):
+        CUT_OFF_RUNS[name](runs[name])
+        return runs[name]
+
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        futures = {name: pool.submit(go, name) for name in runs}
+    yield futures
+    left = [p for run in runs.values() for p in reap(wait_gone(run.tmp, 30))]
+    assert not left, f"processes of the runs left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+@needs_root
+def test_cut_off_host_fails_by_heartbeat_and_leaves_nothing(cut_off):
+    run = cut_off["heartbeat"].result()
+    code, out, victim = run.code, run.out, run.victim
+    assert code == 1, out
+    assert f"task {victim} ({run.addresses[victim]}:{PORT}) sent no progress" in out, out
+    assert "heartbeat_timeout = 4" in out and "Traceback" not in out
+    assert not wait_gone(run.tmp, 30)
+    print(f"\ncut host: up ended {run.detected:.1f} s after the cut")
+
+
+@needs_root
+def test_ctrl_c_with_a_host_cut_off_says_which_tasks_were_stopped(cut_off):
+    """A stop that cannot reach a host says so, on screen and in the record, and names the lifeline."""
+    run = cut_off["ctrl_c"].result()
+    code, out, victim = run.code, run.out, run.victim
     assert code == 130 and "Traceback" not in out, out
-    failure = status_json(cli)["failure"]
+    failure = status_json(run.cli)["failure"]
     assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
-    assert f"task {victim} ({th.addresses[victim]}:{PORT})" in failure["message"], failure
+    assert f"task {victim} ({run.addresses[victim]}:{PORT})" in failure["message"], failure
     assert "task(s) 0 were stopped" in failure["message"] and "lifeline" in failure["message"], failure
     assert "every task was stopped" not in out, out
-    assert not wait_gone(tmp_path, 30)
+    assert not wait_gone(run.tmp, 30)
+
+
+@needs_root
+def test_down_with_a_host_cut_off_records_what_it_could_not_reach(cut_off):
+    """`down` of a detached run with one host cut off: the screen and the record say which tasks were
+    stopped and which could not be reached (they stop by their lifeline), never "every task"."""
+    run = cut_off["down"].result()
+    down, victim = run.down, run.victim
+    out = down.stdout + down.stderr
+    assert down.returncode == 1 and "Traceback" not in out and "every task is stopped" not in out, out
+    assert f"{run.addresses[victim]}:{PORT}" in out and "could not be reached" in out, out
+    snap = status_json(run.cli)
+    assert snap["state"] == "stopped" and snap["tasks"][victim]["state"] == "lost", snap
+    failure = snap["failure"]
+    assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
+    assert "could not be reached" in failure["message"] and "lifeline" in failure["message"], failure
+    assert not wait_gone(run.tmp, 30)
 
 
 @needs_root
@@ -577,7 +663,8 @@ def test_sync_copies_to_each_workdir_and_skips_unchanged(cli, th, tmp_path):
     (proj / "data" / "sub" / "b.txt").write_text("beta")
     wds = [tmp_path / "remote-0" / "wd", tmp_path / "remote-1" / "wd"]  # not there yet: sync makes them
     spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "job.py"]}, top={"sync": ["job.py", "data"]},
-                      hosts=[{"workdir": str(w)} for w in wds], folder=proj)
+                      hosts=[{"workdir": str(w)} for w in wds], folder=proj,
+                      launch={"standby": False})  # no fork server importing TensorFlow for a job that never restarts
     r = cli("up", spec, timeout=180)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
@@ -662,9 +749,11 @@ def test_elastic_run_goes_on_with_fewer_hosts_after_one_is_lost(cli, th, tmp_pat
     rescales by the total replicas (2 local replicas each: 6 in sync, then 4)."""
     victim = 2
     spec = write_spec(tmp_path, th.addresses[:3], {"command": [
-        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "4",
-        "--steps-per-epoch", "40", "--batch-size-per-replica", "16", "--local-replicas", "2"]},
-        launch={"min_hosts": 2, "heartbeat_timeout": 120}, defaults={"env": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+        PY, "-m", "worker", "--entrypoint", "worker.examples.digits:task", "--epochs", "3",
+        "--steps-per-epoch", "10", "--batch-size-per-replica", "16", "--local-replicas", "2"]},
+        launch={"min_hosts": 2, "heartbeat_timeout": 120},
+        # progress.json written at every step: epoch 2 is seen as it begins, 20 steps before the end
+        defaults={"env": {"TF_CPP_MIN_LOG_LEVEL": "2", "MGPU_PROGRESS_INTERVAL": "0"}})
 
     def in_epoch_2():
         st = all_progressing(cli, tmp_path)
@@ -689,7 +778,7 @@ def test_elastic_run_goes_on_with_fewer_hosts_after_one_is_lost(cli, th, tmp_pat
     assert snap["attempts"][-1]["tasks"] == [0, 1] and snap["attempts"][-1]["outcome"] == "succeeded"
     for i in (0, 1):
         p = json.loads((task_dir(tmp_path, snap, i) / "progress.json").read_text())
-        assert p["epoch"] == p["epochs"] == 4 and p["first_epoch"] >= 2, p  # resumed, not from scratch
+        assert p["epoch"] == p["epochs"] == 3 and p["first_epoch"] >= 2, p  # resumed, not from scratch
     assert not wait_gone(tmp_path, 30)
 
 
@@ -789,33 +878,6 @@ def test_fail_fast_over_a_slow_link_while_a_task_floods_output(cli, th, tmp_path
     print(f"\nslow link ({rate}/s): peer stopped {took:.2f} s after the flooding task exited")
     assert up.returncode == 1 and "exited with code 3" in out and "Traceback" not in out, out
     assert gone and took < 3.0, f"the peer was stopped {took:.1f} s after the failure"
-
-
-@needs_root
-def test_down_with_a_host_cut_off_records_what_it_could_not_reach(cli, th, tmp_path):
-    """`down` of a detached run with one host cut off: the screen and the record say which tasks were
-    stopped and which could not be reached (they stop by their lifeline), never "every task"."""
-    victim = 1
-    spec = write_spec(tmp_path, th.addresses[:2], tick(), launch={"heartbeat_timeout": 10, "connect_timeout": 3})
-    r = cli("up", "--detach", spec, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    st = wait_for(lambda: all_progressing(cli, tmp_path), 120, "2 tasks progressing")
-    cut_pids = [st["tasks"][victim]["pid"], st["tasks"][victim]["supervisor_pid"]]
-    th.cut(victim)
-    try:
-        down = cli("down", timeout=180)
-        wait_for(lambda: not any(alive(p) for p in cut_pids), 60, "the cut host's task to stop by itself")
-    finally:
-        th.restore(victim)
-    out = down.stdout + down.stderr
-    assert down.returncode == 1 and "Traceback" not in out and "every task is stopped" not in out, out
-    assert f"{th.addresses[victim]}:{PORT}" in out and "could not be reached" in out, out
-    snap = status_json(cli)
-    assert snap["state"] == "stopped" and snap["tasks"][victim]["state"] == "lost", snap
-    failure = snap["failure"]
-    assert failure["kind"] == "stopped" and "every task was stopped" not in failure["message"], failure
-    assert "could not be reached" in failure["message"] and "lifeline" in failure["message"], failure
-    assert not wait_gone(tmp_path, 30)
 
 
 WAIT_IN_ATTEMPT = """
