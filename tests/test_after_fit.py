@@ -15,7 +15,7 @@ import pytest
 from conftest import IN_CI, latest_state, wait_gone, write_spec
 from test_jax import keras3_on_jax
 
-EPOCHS = 3
+EPOCHS, STEPS = 3, 3  # a few steps an epoch: what is tested is the end of fit, not the training
 EPOCH_LINE = re.compile(r"^task[\d,-]+[^|]* \| epoch (\d+)/\d+ loss=", re.M)
 
 # task 1 of the first attempt holds in fit's end (after the backup's on_train_end) until it is killed
@@ -43,14 +43,17 @@ BACKENDS = {  # the backend's spec lines, its digits example, its Keras, its bac
 
 
 def holding(cli, workdir: Path):
+    """The run's state once task 1 holds after fit and task 0 has said its last epoch (so that both say it
+    before the kill, as one line)."""
     st = latest_state(cli)
-    if not st or st["state"] != "running" or not st["tasks"][1].get("run_dir"):
+    if not st or st["state"] != "running" or not all(t.get("run_dir") for t in st["tasks"]):
         return None
-    log = workdir / st["tasks"][1]["run_dir"] / "worker.log"  # the task folder, under its host's workdir
+    logs = [workdir / t["run_dir"] / "worker.log" for t in st["tasks"]]  # task folders, under their host's workdir
     try:
-        return st if "holding after fit" in log.read_text(errors="replace") else None
+        said = [log.read_text(errors="replace") for log in logs]
     except OSError:
         return None
+    return st if "holding after fit" in said[1] and f"epoch {EPOCHS}/{EPOCHS} loss=" in said[0] else None
 
 
 @pytest.mark.parametrize("backend", [
@@ -59,7 +62,8 @@ def holding(cli, workdir: Path):
 def test_a_kill_after_fit_ended_restarts_with_nothing_left_to_train(cli, tmp_path, backend):
     lines, example, keras, backup = BACKENDS[backend]
     (tmp_path / "hooks.py").write_text(HOLDS.format(example=example, keras=keras))
-    spec = write_spec(tmp_path, f'{lines}entrypoint = "hooks:task"\nepochs = {EPOCHS}', launch="max_restarts = 1",
+    spec = write_spec(tmp_path, f'{lines}entrypoint = "hooks:task"\nepochs = {EPOCHS}\nsteps_per_epoch = {STEPS}',
+                      launch="max_restarts = 1",
                       extra=f'workdir = "{tmp_path}"\n')
     code, out = cli.up_while(spec, lambda: holding(cli, tmp_path), lambda _up, st: os.kill(st["tasks"][1]["pid"],
                                                                                   signal.SIGKILL),
@@ -76,13 +80,29 @@ def test_a_kill_after_fit_ended_restarts_with_nothing_left_to_train(cli, tmp_pat
     assert not wait_gone(cli.home, 5)
 
 
-def worker(tmp_path: Path, run: str, checkpoints: Path, *more: str) -> subprocess.CompletedProcess:
+def start_worker(tmp_path: Path, run: str, checkpoints: Path, *more: str) -> subprocess.Popen:
     env = {**os.environ, "MGPU_RUN_ID": run, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "worker", "--entrypoint", "worker.examples.digits:task",
-                           "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-dir", str(checkpoints),
-                           "--model-dir", str(tmp_path / "model"), *more],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.Popen([sys.executable, "-m", "worker", "--entrypoint", "worker.examples.digits:task",
+                             "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-dir", str(checkpoints),
+                             "--model-dir", str(tmp_path / "model"), *more],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+
+
+def ended(*procs: subprocess.Popen) -> list[subprocess.CompletedProcess]:
+    """Each worker's result once it exited (every one reaped, also when one of them runs too long)."""
+    try:
+        outputs = [p.communicate(timeout=300) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def worker(tmp_path: Path, run: str, checkpoints: Path, *more: str) -> subprocess.CompletedProcess:
+    return ended(start_worker(tmp_path, run, checkpoints, *more))[0]
 
 
 @pytest.mark.cluster  # three real trainings
@@ -92,15 +112,18 @@ def test_a_restart_of_a_finished_run_trains_nothing_and_another_run_is_refused_u
     assert first.returncode == 0, first.stdout + first.stderr
     assert json.loads((checkpoints / "finished.json").read_text())["run"] == "run-a"
     assert not (checkpoints / "chief").exists()
+    held = sorted((p.relative_to(checkpoints), p.read_bytes()) for p in checkpoints.rglob("*") if p.is_file())
 
-    again = worker(tmp_path, "run-a", checkpoints)  # the same run, restarted after its last save
+    # each of these three only reads the folder that holds run-a's finished training: they run at once
+    again, other, asked = ended(
+        start_worker(tmp_path, "run-a", checkpoints),  # the same run, restarted after its last save
+        start_worker(tmp_path, "run-b", checkpoints),  # another run does not train into run-a's folder unasked
+        start_worker(tmp_path, "run-b", checkpoints, "--resume-run", "run-a"))  # asked: nothing is left to train
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing left to train" in again.stdout and "epoch 1/2" not in again.stdout, again.stdout
-
-    other = worker(tmp_path, "run-b", checkpoints)  # another run does not train into run-a's folder unasked
     assert other.returncode == 2 and "holds run run-a's finished training" in other.stderr, other.stderr
-    other = worker(tmp_path, "run-b", checkpoints, "--resume-run", "run-a")  # asked: nothing is left to train
-    assert other.returncode == 2 and "nothing is left to train" in other.stderr, other.stderr
+    assert asked.returncode == 2 and "nothing is left to train" in asked.stderr, asked.stderr
+    assert sorted((p.relative_to(checkpoints), p.read_bytes()) for p in checkpoints.rglob("*") if p.is_file()) == held
 
     (checkpoints / "finished.json").unlink()  # the folder given up: another run trains in full
     other = worker(tmp_path, "run-b", checkpoints)

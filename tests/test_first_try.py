@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launcher_traceback, reap, status_json, wait_for, wait_gone, write_spec
-from test_ssh import SSHCli, th  # noqa: F401 (th: the namespace hosts' fixture)
+from conftest import launcher_traceback, namespace_hosts, reap, status_json, wait_for, wait_gone, write_spec
+from test_ssh import SSHCli
 from test_ssh import write_spec as write_ssh_spec
 from launcher.errors import SpecError
 from launcher.specfile import load_spec
@@ -21,17 +21,27 @@ from launcher.specfile import load_spec
 PY = sys.executable
 BAD = ('import sys\nprint("\\x1b[31mloud at import", flush=True)\nraise RuntimeError("boom at import")\n'
        'def task():\n    pass\n')
-SLOW = '''import time
+SLOW = '''import os
+import time
 
 from worker.examples.digits import task as digits
+
+FLAG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow")  # steps slowed while it exists
 
 
 def task():
     from worker.strategy import import_keras
 
     keras = import_keras()
+    trained = []
+
+    def end(batch, logs):
+        trained.append(batch)
+        if len(trained) > 10 and os.path.exists(FLAG):  # from epoch 3 on (5 steps an epoch): where a test aims
+            time.sleep(0.2)
+
     t = digits()
-    t.callbacks = lambda: [keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: time.sleep(0.2))]
+    t.callbacks = lambda: [keras.callbacks.LambdaCallback(on_train_batch_end=end)]
     return t
 '''
 
@@ -103,15 +113,21 @@ def test_check_imports_with_the_tasks_environment(cli, tmp_path):
     assert r.returncode == 2 and "ValueError: not set" in one_line(r), one_line(r)
 
 
+@pytest.fixture(scope="module")
+def th(tmp_path_factory):
+    """Two hosts in network namespaces with real sshds, for this module's check over SSH."""
+    yield from namespace_hosts(2, tmp_path_factory.mktemp("sshhosts"))
+
+
 @pytest.fixture
-def ssh_cli(tmp_path, th):  # noqa: F811
+def ssh_cli(tmp_path, th):
     c = SSHCli(tmp_path / "mgpu-home", tmp_path, th)
     yield c
     left = reap(wait_gone(tmp_path, 30))
     assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
-def test_check_imports_the_entrypoint_on_each_ssh_host(ssh_cli, th, tmp_path):  # noqa: F811
+def test_check_imports_the_entrypoint_on_each_ssh_host(ssh_cli, th, tmp_path):
     """Over SSH the doctor imports it on each host, with the task's environment (sent on stdin, a secret
     too), in the workdir, past a worker.py there."""
     wd = tmp_path / "wd"
@@ -181,7 +197,8 @@ def test_arguments_after_dashes_reach_the_training(cli, tmp_path):
 # --------------------------------------------------------------------------- up --resume
 
 def test_resume_goes_on_from_a_stopped_runs_checkpoint(cli, tmp_path):
-    spec = workdir_spec(tmp_path, "slow:task", {"slow.py": SLOW}, training="epochs = 6\nsteps_per_epoch = 5")
+    spec = workdir_spec(tmp_path, "slow:task", {"slow.py": SLOW, "slow": ""},
+                        training="epochs = 6\nsteps_per_epoch = 5")
     up, lines = cli.popen("up", spec), []
     reader = threading.Thread(target=lambda: [lines.append(line) for line in up.stdout], daemon=True)
     reader.start()
@@ -206,6 +223,7 @@ def test_resume_goes_on_from_a_stopped_runs_checkpoint(cli, tmp_path):
     r = cli("up", changed, "--resume", first["run_id"], timeout=60)
     assert r.returncode == 2 and "training.epochs: 6 then, 7 now" in one_line(r), one_line(r)
 
+    (tmp_path / "wd" / "slow").unlink()  # no aim needed from here: full speed
     r = cli("up", spec, "--resume", timeout=300)  # the newest run of this spec
     out = r.stdout + r.stderr
     assert r.returncode == 0, out

@@ -46,12 +46,44 @@ ENTRY = "worker.examples.digits_keras3:task"
 EPOCH_LINE = re.compile(r"^task([\d,-]+)[^|]* \| epoch (\d+)/\d+ loss=", re.M)
 
 
-def jax_spec(tmp_path: Path, epochs: int, launch: str = "", args: tuple[str, ...] = (), entry: str = ENTRY) -> Path:
+def jax_spec(tmp_path: Path, epochs: int, launch: str = "", args: tuple[str, ...] = (), entry: str = ENTRY,
+             steps: int | None = None, env: str = "") -> Path:
     """Two local tasks x 2 CPU devices, global batch 64 (16/replica), base learning rate 0.001 (x4 after warm-up);
-    progress.json written on every update, so that a test sees each epoch begin."""
+    progress.json written on every update, so that a test sees each epoch begin; `steps` a epoch if given."""
     training = (f'backend = "jax"\nentrypoint = "{entry}"\nlocal_replicas = 2\nbatch_size_per_replica = 16\n'
-                f"learning_rate = 0.001\nepochs = {epochs}\nargs = {json.dumps(list(args))}")
-    return write_spec(tmp_path, training, launch=launch, env='MGPU_PROGRESS_INTERVAL = "0"')
+                f"learning_rate = 0.001\nepochs = {epochs}\nargs = {json.dumps(list(args))}"
+                + (f"\nsteps_per_epoch = {steps}" if steps else ""))
+    return write_spec(tmp_path, training, launch=launch, env='MGPU_PROGRESS_INTERVAL = "0"' + env)
+
+
+# the digits example with the first attempt's steps slowed by SLOW seconds, so that a test aims at an epoch of a run
+# of few steps an epoch; a later attempt (a restart, which needs no aim) at full speed
+PACED = '''
+import os
+import time
+from dataclasses import replace
+
+from worker.examples.digits_keras3 import task as digits
+
+
+def task():
+    import keras
+
+    class Paced(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if os.environ.get("MGPU_ATTEMPT") == "0":
+                time.sleep(float(os.environ["SLOW"]))
+
+    return replace(digits(), callbacks=lambda: [Paced()])
+'''
+PACED_STEPS = 6
+
+
+def paced_spec(tmp_path: Path, epochs: int, slow: float, launch: str = "", args: tuple[str, ...] = ()) -> Path:
+    """jax_spec of the paced digits (paced.py in the local tasks' workdir), PACED_STEPS steps an epoch."""
+    (tmp_path / "paced.py").write_text(PACED)
+    return jax_spec(tmp_path, epochs, launch=launch, args=args, entry="paced:task", steps=PACED_STEPS,
+                    env=f', SLOW = "{slow}"')
 
 
 def progress(task: dict) -> dict:
@@ -78,40 +110,56 @@ def epochs_shown(out: str, task: int) -> list[int]:
     return [int(m.group(2)) for m in EPOCH_LINE.finditer(out) if task in tasks(m.group(1))]
 
 
-@pytest.fixture(scope="module")
-def alone(tmp_path_factory) -> float:
-    """One process with one device at the same global batch (64) and the rate the pair reaches after warm-up:
-    its final validation accuracy."""
+def start_alone(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
+    """One process with one device at the same global batch (64) and the rate the pair reaches after warm-up,
+    started: (the process, its task folder)."""
     run_dir = tmp_path_factory.mktemp("alone") / "task-0"
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)}
     for name in ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID", "XLA_FLAGS"):
         env.pop(name, None)
-    r = subprocess.run([sys.executable, "-m", "worker", "--entrypoint", ENTRY, "--epochs", "5",
-                        "--batch-size-per-replica", "64", "--learning-rate", "0.004", "--run-dir", str(run_dir)],
-                       cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "task 0 of 1 (chief): DataParallel (jax), 1 replica(s) in sync, global batch 64 (64/replica)" in r.stdout
-    return json.loads((run_dir / "progress.json").read_text())["metrics"]["val_accuracy"]
+    with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "worker", "--entrypoint", ENTRY, "--epochs", "5",
+                                 "--batch-size-per-replica", "64", "--learning-rate", "0.004", "--run-dir",
+                                 str(run_dir)], cwd=run_dir.parent, env=env, stdout=out, stderr=err)
+    return proc, run_dir
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """Two tasks x 2 devices train digits for 5 epochs, weights saved: (the CLI of its MGPU_HOME, `up`'s result,
-    the weights' folder), one run for every test that reads it."""
+    the weights' folder, the `alone` run), one run for every test that reads it. The one-process run (`alone`)
+    trains meanwhile: a third process beside the pair's two, which wait for each other at every step."""
     tmp_path = tmp_path_factory.mktemp("pair")
     cli = Cli(tmp_path / "mgpu-home", tmp_path)
     weights = tmp_path / "weights"
     copied_to(tmp_path)  # the digits example, each batch's progress copied (within_probe)
-    r = cli("up", jax_spec(tmp_path, 5, args=("--save-weights", f"{weights}/w-{{task}}.npz"),
-                           entry="within_probe:task"), timeout=300)
-    yield cli, r, weights
+    single, _run_dir = started = start_alone(tmp_path_factory)
+    try:
+        r = cli("up", jax_spec(tmp_path, 5, args=("--save-weights", f"{weights}/w-{{task}}.npz"),
+                               entry="within_probe:task"), timeout=300)
+        yield cli, r, weights, started
+    finally:
+        if single.poll() is None:
+            single.kill()
+            single.wait()
     left = reap(run_processes(cli.home))
     assert not left, f"processes left running after the run: {left}"
 
 
+@pytest.fixture(scope="module")
+def alone(pair) -> float:
+    """The one-process run's final validation accuracy (started beside the pair's)."""
+    single, run_dir = pair[3]
+    single.wait(timeout=300)
+    out, err = ((run_dir.parent / name).read_text() for name in ("out.txt", "err.txt"))
+    assert single.returncode == 0, out + err
+    assert "task 0 of 1 (chief): DataParallel (jax), 1 replica(s) in sync, global batch 64 (64/replica)" in out
+    return json.loads((run_dir / "progress.json").read_text())["metrics"]["val_accuracy"]
+
+
 @pytest.mark.cluster
 def test_two_tasks_with_two_devices_each_train_digits_in_step(pair, alone):
-    cli, r, weights = pair
+    cli, r, weights, _alone = pair
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert out.count("DataParallel (jax), 4 replica(s) in sync, global batch 64 (16/replica)") == 2, out
@@ -135,7 +183,7 @@ def test_status_and_the_report_of_a_jax_run_read_as_on_tensorflow(pair):
     need("matplotlib")
     from launcher.diagnose import series
 
-    cli, r, _weights = pair
+    cli, r, _weights, _alone = pair
     assert r.returncode == 0, r.stdout + r.stderr
     snap = status_json(cli)
     for t in snap["tasks"]:
@@ -174,8 +222,8 @@ def test_kill_9_of_a_task_fails_the_run_naming_it(cli, tmp_path):
 
 
 def test_a_group_restart_resumes_after_the_last_saved_epoch(cli, tmp_path):
-    spec = jax_spec(tmp_path, 5, launch="max_restarts = 1",
-                    args=("--checkpoint-dir", str(tmp_path / "checkpoint")))
+    spec = paced_spec(tmp_path, 5, 0.1, launch="max_restarts = 1",
+                      args=("--checkpoint-dir", str(tmp_path / "checkpoint")))
     code, out = cli.up_while(spec, lambda: in_epoch(cli, 3),
                              lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGKILL), "epoch 3 to begin")
     assert code == 0, out
@@ -194,7 +242,7 @@ def test_a_group_restart_resumes_after_the_last_saved_epoch(cli, tmp_path):
 
 
 def test_a_notice_stops_both_at_one_epoch_end_and_the_run_goes_on_from_there(cli, tmp_path):
-    code, out = cli.up_while(jax_spec(tmp_path, 4), lambda: in_epoch(cli, 2),
+    code, out = cli.up_while(paced_spec(tmp_path, 4, 0.15), lambda: in_epoch(cli, 2),
                              lambda _up, st: os.kill(st["tasks"][1]["pid"], signal.SIGTERM), "epoch 2 to begin")
     assert code == 0, out
     assert "was preempted" in out

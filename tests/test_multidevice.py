@@ -21,6 +21,7 @@ from conftest import REPO, free_port, namespace_hosts, reap, wait_gone, write_sp
 from test_preempt_worker import (EXIT_PREEMPTED, STEPS, assert_resumed_at, assert_same_weights, mid_epoch_2,
                                  progress, run, start, wait_until)  # noqa: F401 (run: a fixture)
 from test_worker import Workers, read_progress, run_ok
+from train_shared import digits_alone
 from within_probe import assert_within_epochs_are_means, copied_to
 
 from launcher.devices import TaskDevices, device_problems, loopback_warnings, nccl_env
@@ -36,15 +37,16 @@ def accuracy(workers: Workers, i: int = 0) -> float:
 @pytest.fixture(scope="module")
 def alone(tmp_path_factory):
     """One replica (no TF_CONFIG, default strategy), global batch 64 at learning rate 0.004: what the
-    multi-replica runs below reach after their warm-up."""
-    return run_ok(Workers(tmp_path_factory.mktemp("alone") / "run",
-                          [*DIGITS, "--batch-size-per-replica", "64", "--learning-rate", "0.004"], n=1))
+    multi-replica runs below reach after their warm-up (one run per session: train_shared, test_worker's too)."""
+    return digits_alone(tmp_path_factory)
 
 
 @pytest.mark.cluster
-def test_one_host_with_two_local_replicas_trains_with_mirrored_strategy(tmp_path, alone):
-    one = run_ok(Workers(tmp_path / "run", [*DIGITS, "--local-replicas", "2", "--batch-size-per-replica", "32"],
-                         n=1))
+def test_one_host_with_two_local_replicas_trains_with_mirrored_strategy(tmp_path, tmp_path_factory):
+    with Workers(tmp_path / "run", [*DIGITS, "--local-replicas", "2", "--batch-size-per-replica", "32"], n=1) as one:
+        alone = digits_alone(tmp_path_factory)  # one process each: the one-replica run (once a session) meanwhile
+        codes = one.wait()
+    assert codes == [0], one.tails()
     assert "MirroredStrategy, 2 replica(s) in sync, global batch 64 (32/replica)" in one.log(0), one.log(0)
     p = read_progress(str(one.task_dir(0)))
     assert (p["replicas"], p["steps_per_epoch"], p["state"]) == (2, 1437 // 64, "done"), p

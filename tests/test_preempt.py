@@ -12,7 +12,7 @@ import numpy as np
 
 from conftest import latest_state, wait_gone, write_spec
 
-STEPS, EPOCHS = 1437 // 64, 3  # digits: training examples // global batch (2 workers x 32)
+STEPS, EPOCHS = 12, 3  # --steps-per-epoch (2 workers x 32 a step: digits has examples for 22)
 
 HOOKS = '''
 import os, sys, time
@@ -24,14 +24,15 @@ def task():
     import tf_keras
 
     class Count(tf_keras.callbacks.Callback):
-        """Steps this process trained (one file per process), slowed so that a test can aim: by SLOW in the
-        first attempt, by the default in a later one (which finds the first one's files; no aim needed)."""
+        """Steps this process trained (one file per process); in the first attempt every step from epoch 1's last
+        on is slowed by SLOW, so that a test can aim within epoch 2 (a later attempt, which finds the first one's
+        files, needs no aim: full speed)."""
         n = 0
 
         def __init__(self):
             super().__init__()
             later = any(f.startswith("trained-") for f in os.listdir(os.environ["MGPU_RUN_DIR"]))
-            self.slow = 0.15 if later else float(os.environ.get("SLOW", "0.15"))
+            self.slow = 0.0 if later else float(os.environ.get("SLOW", "0.3"))
 
         def on_train_batch_end(self, batch, logs=None):
             self.n += 1
@@ -39,7 +40,8 @@ def task():
                 f.write(str(self.n))
             if os.environ.get("EXIT_AT") and self.n == int(os.environ["EXIT_AT"]):
                 sys.exit(3)
-            time.sleep(self.slow)
+            if self.n >= int(os.environ["STEPS"]):
+                time.sleep(self.slow)
 
     return replace(digits(), callbacks=lambda: [Count()])
 '''
@@ -50,11 +52,13 @@ def spec_for(tmp_path: Path, launch: str = "", env: str = "", every: int | None 
     weights = tmp_path / "weights"
     weights.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "worker", "--entrypoint", "hooks:task", "--epochs", str(EPOCHS),
+            "--steps-per-epoch", str(STEPS),
             "--batch-size-per-replica", "32", "--save-weights", f"{weights}/w-{{task}}.npz"]
     if every:
         argv += ["--checkpoint-every-steps", str(every)]
     return write_spec(tmp_path, f"command = {json.dumps(argv)}", launch=launch,
-                      extra=f'workdir = "{tmp_path}"\n', env='TF_CPP_MIN_LOG_LEVEL = "2"' + env)
+                      extra=f'workdir = "{tmp_path}"\n',
+                      env=f'TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0", STEPS = "{STEPS}"' + env)
 
 
 def run_dir(tmp_path: Path, st: dict, i: int) -> Path:
@@ -103,7 +107,7 @@ def test_sigterm_to_a_training_process_saves_restarts_and_resumes_at_that_step(c
 
 
 def test_a_plain_failure_still_fails_the_run(cli, tmp_path):
-    spec = spec_for(tmp_path, launch="max_restarts = 0", env=', EXIT_AT = "30"')
+    spec = spec_for(tmp_path, launch="max_restarts = 0", env=', EXIT_AT = "3"')
     r = cli("up", spec, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out

@@ -1,7 +1,7 @@
 """Preemption on the worker side, for real: SIGTERM -> every worker saves at one step, exit 75.
 
 Two `python -m worker` processes with TF_CONFIG on free localhost ports train digits (3 epochs
-of 22 steps); hooks set by environment variables slow steps down, pause, or fail at a global
+of 10 steps); hooks set by environment variables slow steps down, pause, or fail at a global
 step, and count the steps each process trained (`trained-<attempt>` in its task folder).
 """
 
@@ -21,20 +21,23 @@ from test_worker import REPO, Workers, assert_prompt_end, run_ok
 from worker.progress import read_progress
 from worker.protocol import EXIT_PREEMPTED
 
-STEPS = 1437 // 64  # digits: training examples // global batch (2 workers x 32)
+STEPS = 10  # --steps-per-epoch (a global batch of 64: digits has examples for 22)
 EPOCHS = 3
 
 HOOKS = '''
-"""digits with test hooks: SLOW (seconds per step), PAUSE_AT / EXIT_AT (a global step),
-DELAY0 (seconds task 0 sleeps on import, while task 1 waits for it)."""
+"""digits with test hooks: SLOW (seconds per step from epoch 1's last step on: aim within epoch 2),
+PAUSE_AT / EXIT_AT (a global step), GATE0 (a file: task 0 waits on import until it exists, while task 1
+waits for it)."""
 import os
 import sys
 import time
 
 from worker.examples.digits import task as digits
 
-if os.environ["MGPU_TASK_INDEX"] == "0":
-    time.sleep(float(os.environ.get("DELAY0", 0)))
+if os.environ["MGPU_TASK_INDEX"] == "0" and os.environ.get("GATE0"):
+    deadline = time.time() + 120
+    while not os.path.exists(os.environ["GATE0"]) and time.time() < deadline:
+        time.sleep(0.05)
 
 
 def task():
@@ -58,7 +61,8 @@ def task():
                 sys.exit(3)
             if step == int(env.get("PAUSE_AT", 0)):
                 time.sleep(120)
-            time.sleep(float(env.get("SLOW", 0)))
+            if step >= self.params["steps"]:
+                time.sleep(float(env.get("SLOW", 0)))
 
     t = digits()
     t.callbacks = lambda: [Hooks()]
@@ -73,7 +77,7 @@ def run(tmp_path):
 
 
 def start(run, attempt: int, *extra: str, n: int = 2, **env: str) -> Workers:
-    args = ["--entrypoint", "hooks:task", "--epochs", str(EPOCHS),
+    args = ["--entrypoint", "hooks:task", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
             "--save-weights", str(run / "weights-{task}.npz"), *extra]
     return Workers(run, args, n=n, cwd=run.parent, attempt=attempt,
                    env={"ATTEMPT": str(attempt), "MGPU_PROGRESS_INTERVAL": "0", **env})
@@ -120,7 +124,7 @@ def assert_resumed_at(workers: Workers, attempt: int, saved: int) -> None:
 
 @pytest.mark.cluster
 def test_sigterm_to_one_worker_saves_on_both_at_one_step_and_resumes_there(run):
-    with start(run, 0, SLOW="0.05") as first:
+    with start(run, 0, SLOW="0.2") as first:
         wait_until(first, lambda: mid_epoch_2(first, 1))
         sent = time.time()
         os.killpg(first.procs[1].pid, signal.SIGTERM)  # as a supervisor does: its group
@@ -149,7 +153,7 @@ def test_sigterm_to_one_worker_saves_on_both_at_one_step_and_resumes_there(run):
 @pytest.mark.cluster
 def test_sigterm_to_both_at_once_agrees_on_one_step(run):
     # Slurm and `down` signal every task: both claim a step, the first claim stands
-    with start(run, 0, SLOW="0.05") as workers:
+    with start(run, 0, SLOW="0.2") as workers:
         wait_until(workers, lambda: mid_epoch_2(workers, 0))
         for proc in workers.procs:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -158,6 +162,10 @@ def test_sigterm_to_both_at_once_agrees_on_one_step(run):
     steps = {progress(workers, i)["global_step"] for i in range(2)}
     assert len(steps) == 1, workers.tails()
     assert {progress(workers, i)["state"] for i in range(2)} == {"preempted"}
+
+
+def tensorflow_loaded(pid: int) -> bool:
+    return any("libtensorflow" in m.path for m in psutil.Process(pid).memory_maps())
 
 
 def listening(pid: int) -> bool:
@@ -170,7 +178,12 @@ def listening(pid: int) -> bool:
 def test_sigterm_while_waiting_for_peers_is_kept(run):
     # TensorFlow's own SIGTERM handler, in place while the strategy waits for its peers, drops
     # the signal; the runner holds it back until its handler is in place
-    with start(run, 0, DELAY0="8") as workers:
+    # the chief comes late: task 0 waits on import until the test opens its gate, once task 1 has TensorFlow loaded
+    # (task 1 then waits for the chief's port: worker.strategy.wait_for_chief); the signal goes to task 1 as soon
+    # as it listens, in the strategy's start
+    with start(run, 0, GATE0=str(run / "gate")) as workers:
+        wait_until(workers, lambda: tensorflow_loaded(workers.procs[1].pid))
+        (run / "gate").touch()
         wait_until(workers, lambda: listening(workers.procs[1].pid))
         workers.procs[1].send_signal(signal.SIGTERM)
         codes = workers.wait(90)
@@ -181,19 +194,19 @@ def test_sigterm_while_waiting_for_peers_is_kept(run):
 
 @pytest.mark.cluster
 def test_periodic_checkpoint_is_where_a_killed_group_resumes(run):
-    with start(run, 0, "--checkpoint-every-steps", "5", PAUSE_AT="32") as first:
-        wait_until(first, lambda: all(progress(first, i).get("global_step") == 32
+    with start(run, 0, "--checkpoint-every-steps", "5", PAUSE_AT="17") as first:
+        wait_until(first, lambda: all(progress(first, i).get("global_step") == 17
                                       for i in range(2)))
         first.kill(1)  # no notice: SIGKILL ...
         first.kill(0)  # ... and the peer is stopped too
     second = run_ok(start(run, 1, "--checkpoint-every-steps", "5"))
-    assert_resumed_at(second, 1, 30)  # the last multiple of 5 before 32
+    assert_resumed_at(second, 1, 15)  # the last multiple of 5 before 17 (mid-epoch 2: not an epoch end)
     assert_same_weights(run)
 
 
 @pytest.mark.cluster
 def test_one_worker_saves_at_once_on_sigterm(run):
-    with start(run, 0, n=1, SLOW="0.05") as workers:
+    with start(run, 0, n=1, SLOW="0.2") as workers:
         wait_until(workers, lambda: mid_epoch_2(workers, 0))
         workers.procs[0].send_signal(signal.SIGTERM)
         assert workers.wait(60) == [EXIT_PREEMPTED], workers.tails()
@@ -204,13 +217,13 @@ def test_one_worker_saves_at_once_on_sigterm(run):
 
 @pytest.mark.cluster
 def test_a_failure_is_not_a_preemption(run, tmp_path):
-    with start(run, 0, EXIT_AT="25") as workers:
-        assert workers.wait(60) == [3, 3], workers.tails()
-    assert {progress(workers, i)["state"] for i in range(2)} == {"training"}
-
     (tmp_path / "broken.py").write_text("def task():\n    raise RuntimeError('boom')\n")
-    with Workers(tmp_path / "broken", ["--entrypoint", "broken:task"], n=1, cwd=tmp_path) as bad:
-        assert bad.wait(60) == [1], bad.tails()
+    # two runs at once, each of its own processes: a pair that fails at a step, one worker whose entrypoint raises
+    with start(run, 0, EXIT_AT="5") as workers, \
+            Workers(tmp_path / "broken", ["--entrypoint", "broken:task"], n=1, cwd=tmp_path) as bad:
+        assert workers.wait(90) == [3, 3], workers.tails()
+        assert bad.wait(90) == [1], bad.tails()
+    assert {progress(workers, i)["state"] for i in range(2)} == {"training"}
     assert "RuntimeError: boom" in bad.log(0)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from train_shared import digits_alone
 from worker.progress import ProgressWriter, format_epoch_line, read_progress
 from worker.strategy import cluster_from_env, task_id_from_env, wait_for_chief
 
@@ -337,13 +338,15 @@ def test_end_of_fit_is_prompt(digits_run):
     assert_prompt_end(digits_run)
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """No TF_CONFIG at all: one process, default strategy on CPU. Same global batch (64) and the same learning rate
+    as the two workers after their warm-up (2 x 0.002): one run per session (train_shared, test_multidevice's too)."""
+    return digits_alone(tmp_path_factory)
+
+
 @pytest.mark.cluster
-def test_one_worker_with_the_same_global_batch_is_within_2_points(digits_run, tmp_path):
-    # no TF_CONFIG at all: one process, default strategy on CPU. Same global batch (64) and
-    # the same learning rate as the two workers after their warm-up (2 x 0.002).
-    alone = run_ok(Workers(tmp_path / "run", [
-        "--entrypoint", "worker.examples.digits:task", "--batch-size-per-replica", "64",
-        "--learning-rate", "0.004"], n=1))
+def test_one_worker_with_the_same_global_batch_is_within_2_points(digits_run, alone):
     assert "_DefaultDistributionStrategy, 1 replica(s)" in alone.log(0)
     one = read_progress(str(alone.task_dir(0)))["metrics"]["val_accuracy"]
     two = read_progress(str(digits_run.task_dir(0)))["metrics"]["val_accuracy"]
@@ -479,7 +482,7 @@ def test_example_images_fine_tunes_mobilenet_on_a_folder(tmp_path):
 
 @pytest.mark.cluster
 def test_example_custom_script_for_command_users(tmp_path):
-    workers = run_ok(Workers(tmp_path / "run", [], env={"EPOCHS": "1"},
+    workers = run_ok(Workers(tmp_path / "run", [], env={"EPOCHS": "1", "BATCH_SIZE_PER_REPLICA": "256"},  # 2 steps
                              argv=[sys.executable, "-m", "worker.examples.custom_script"]))
     for i in range(2):
         assert "epoch 1/1 loss=" in workers.log(i)
