@@ -4,7 +4,6 @@ the rules on real records (pure), and `up --detach` of a run whose short task en
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -18,9 +17,29 @@ from launcher.run.states import TaskState
 from launcher.spec import Launch
 from worker import protocol
 
-# every task but task 0 ends at once (exit 0), often before task 0's start is reported; task 0 sleeps
+# every task but task 0 ends at once (exit 0); task 0 sleeps
 SHORT = "import os, time\nif os.environ['MGPU_TASK_INDEX'] != '0':\n    raise SystemExit(0)\ntime.sleep(20)\n"
-DETACHES = 20
+DETACHES = 4
+# Task 0's interpreter (its host's `python`): its supervisor starts only once the agent has recorded the end of
+# every other task, so that each detach meets the race (a task ended before its peer's start was reported) for
+# sure, instead of now and then under load; bounded: after 30 s it starts all the same (and the test fails).
+LATE_START = """#!{python}
+import json, os, sys, time
+argv = sys.argv[1:]
+if "worker.task.supervised" in argv and os.path.basename(argv[argv.index("--run-dir") + 1].rstrip("/")) == "task-0":
+    folder, end = os.path.dirname(argv[argv.index("--run-dir") + 1].rstrip("/")), time.time() + 30
+    while not os.path.exists(os.path.join(folder, "state.json")) and folder != os.path.dirname(folder):
+        folder = os.path.dirname(folder)
+    while time.time() < end:
+        try:
+            tasks = json.load(open(os.path.join(folder, "state.json")))["tasks"]
+            if all(t["ended_at"] for t in tasks[1:]):
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+os.execv(sys.executable, [sys.executable, *argv])
+"""
 
 
 def record(n: int = 2) -> RunRecord:
@@ -63,30 +82,29 @@ def test_a_task_that_never_started_fails_on_start_timeout_and_stays_live_for_the
 
 
 def test_detach_returns_when_a_short_task_ends_before_its_peer_starts(cli, tmp_path):
-    spec = write_spec(tmp_path, f"command = {json.dumps([sys.executable, '-c', SHORT])}", n=3)
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    late = tmp_path / "late-python"
+    late.write_text(LATE_START.format(python=sys.executable))
+    late.chmod(0o755)
+    spec = write_spec(tmp_path, f"command = {json.dumps([sys.executable, '-c', SHORT])}", n=3, each="# host {i}\n")
+    spec.write_text(spec.read_text().replace("# host 0\n", f'python = "{late}"\n'))  # task 0's host only
     took, ended_first = [], 0
-    try:
-        for _ in range(DETACHES):
-            t0 = time.monotonic()
-            r = cli("up", "--detach", spec, timeout=120)
-            took.append(time.monotonic() - t0)
-            try:
-                assert r.returncode == 0, r.stdout + r.stderr
-                assert "running detached" in r.stdout, r.stdout
-                st = status_json(cli)
-                assert st["state"] == "running", st
-                rec = latest_state(cli)
-                assert "all_started" in rec["phases"], rec["phases"]
-                tasks = rec["tasks"]  # the record: when the agent took each start and end
-                ended_first += any(t["ended_at"] < tasks[0]["started_at"] for t in tasks[1:])
-            finally:
-                d = cli("down", timeout=120)
-            assert d.returncode == 0, d.stdout + d.stderr
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait()
+    for _ in range(DETACHES):
+        t0 = time.monotonic()
+        r = cli("up", "--detach", spec, timeout=120)
+        took.append(time.monotonic() - t0)
+        try:
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "running detached" in r.stdout, r.stdout
+            st = status_json(cli)
+            assert st["state"] == "running", st
+            rec = latest_state(cli)
+            assert "all_started" in rec["phases"], rec["phases"]
+            tasks = rec["tasks"]  # the record: when the agent took each start and end
+            ended_first += any(t["ended_at"] < tasks[0]["started_at"] for t in tasks[1:])
+        finally:
+            d = cli("down", timeout=120)
+        assert d.returncode == 0, d.stdout + d.stderr
     print(f"\n{len(took)} detaches: {min(took):.2f}-{max(took):.2f} s, mean {sum(took) / len(took):.2f} s; in "
           f"{ended_first} a task ended before task 0's start was reported")
+    assert ended_first == DETACHES, ended_first  # the race met in every detach
     assert max(took) < 10, took  # the run ends after 20 s: a detach that waits for the end fails here

@@ -2,10 +2,10 @@
 hint and the first run's arguments, a local host's folder, the backend told by `check`. Real processes."""
 
 import json
+import select
 import signal
 import socket
 import sys
-import time
 
 from conftest import latest_state, launcher_traceback, wait_for, write_spec
 
@@ -85,10 +85,13 @@ def test_ctrl_c_leaves_a_follower_quietly(cli, tmp_path):
         wait_for(lambda: (latest_state(cli) or {}).get("state") == "running", 120, "the run")
         for argv in (("logs", "-f"), ("status", "--watch")):
             follower = cli.popen(*argv)
-            time.sleep(3)  # following: printing, then waiting
-            assert follower.poll() is None
+            ready, _, _ = select.select([follower.stdout], [], [], 60)  # following: printing, then waiting
+            assert ready, f"{argv}: nothing printed in 60 s"
+            first = follower.stdout.readline()
+            assert first and follower.poll() is None, (argv, first, follower.poll())
             follower.send_signal(signal.SIGINT)
             out, _ = follower.communicate(timeout=30)
+            out = first + out
             assert follower.returncode == 0, (argv, follower.returncode, out)
             assert "interrupted" not in out and "error" not in out, out
         up.send_signal(signal.SIGINT)

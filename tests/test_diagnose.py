@@ -80,9 +80,11 @@ def test_stacks_at_a_hang_are_given_seconds_not_the_commands_40():
 
 # --------------------------------------------------------------------------- real runs
 
-def spec_pinned(tmp_path: Path, epochs: int, launch: str = "") -> Path:
-    return write_spec(tmp_path, f"{DIGITS}\nepochs = {epochs}", launch=launch, each="cpus = [{i}]\n",
-                      env='TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0.5"')
+def spec_pinned(tmp_path: Path, epochs: int, launch: str = "", cpus: str = "[{i}]", interval: float = 0.5,
+                training: str = "") -> Path:
+    """Task i on core i (`cpus`: the cores of each task, {i} its index); progress every `interval` s."""
+    return write_spec(tmp_path, f"{DIGITS}\nepochs = {epochs}\n{training}", launch=launch, each=f"cpus = {cpus}\n",
+                      env=f'TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "{interval}"')
 
 
 def training(cli):
@@ -124,6 +126,18 @@ def test_stacks_of_a_live_run_then_sigstop_is_hung_with_every_stack(cli, tmp_pat
     assert f"run {run['run_id']} has no running task (run state: failed): stacks are read" in r.stderr, r.stderr
 
 
+def progress_step(task: dict) -> dict:
+    """The task's progress.json as its training wrote it last: its global_step and state."""
+    try:
+        p = json.loads((Path(task["run_dir"]) / "progress.json").read_text())
+        return {"global_step": p.get("global_step") or 0, "state": p.get("state")}
+    except (OSError, ValueError, AttributeError):
+        return {"global_step": 0, "state": None}
+
+
+BUSY_STEPS = 40
+
+
 def busy_on_core_1(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen(["nice", "-n", "-10", "taskset", "-c", "1", sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -134,11 +148,38 @@ def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cl
     # which slows one task or the other by up to 1.5x (docs/faults.md): a load of ours, not the test's.
     # The core turns busy once both tasks train: TensorFlow's import on a busy core took minutes, and the
     # straggler is named from the last seconds of steps (worker/steptime.py), busy ones here.
-    spec = spec_pinned(tmp_path, 3 if busy else 10, launch="standby = false")  # the busy run steps ~5x slower
+    # Balanced: both tasks share core 0, so that load from outside the test (other programs on this machine)
+    # slows both alike. Busy: task 0 on core 0, task 1 on core 1 under the busy loop, which starts as soon as
+    # the tasks' own progress files (written every 0.1 s) show both past their first step (the one the step
+    # clock leaves out), so that most of the run's 40 steps are busy (a busy step takes ~10x as long), and
+    # ends with the steps, before the validation (on a busy core, each took ~10 s here).
+    spec = spec_pinned(tmp_path, 1 if busy else 10, launch="standby = false", cpus="[{i}]" if busy else "[0]",
+                       interval=0.1 if busy else 0.5, training=f"steps_per_epoch = {BUSY_STEPS}" if busy else "")
     loops: list[subprocess.Popen] = []
+    at: list[int] = []
+
+    def stepping():  # read from the tasks' own files, not the record the agent saves every second
+        st = latest_state(cli)
+        steps = [progress_step(t)["global_step"] for t in st["tasks"]] if st and st["state"] == "running" else [0]
+        return min(steps) > (2 if busy else 5) and (st, steps)
+
+    def busy_now(up, found):
+        st, steps = found
+        loops.extend(busy_on_core_1(busy))
+        at.append(max(steps))
+        if not busy:
+            return
+        # the core is busy while they step; once both have taken their last step (their figures written),
+        # the loop ends: the validation and TensorFlow's exit are no steps
+        wait_for(lambda: up.poll() is not None or all(
+            (p := progress_step(t))["state"] == "done" or p["global_step"] >= BUSY_STEPS for t in st["tasks"]),
+            300, "both tasks past their last step")
+        for p in loops:
+            p.kill()
+            p.wait()
+
     try:
-        code, out = cli.up_while(spec, lambda: training(cli), lambda _up, _st: loops.extend(busy_on_core_1(busy)),
-                                 "both tasks training", timeout=300)
+        code, out = cli.up_while(spec, stepping, busy_now, "both tasks training", timeout=300)
     finally:
         for p in loops:
             p.kill()
@@ -146,7 +187,8 @@ def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cl
     assert code == 0, out
     snap = json.loads(cli("status", "--json", timeout=60).stdout)
     split = [(t["compute_ms"], t["wait_ms"]) for t in snap["tasks"]]
-    print("busy loops", busy, "compute/wait ms", split, "straggler", snap["straggler"])
+    print("busy loops", busy, "compute/wait ms", split, "straggler", snap["straggler"], "from step", at,
+          "of", [t["global_step"] for t in snap["tasks"]])
     assert all(c and c > 0 and w is not None for c, w in split), split
     if busy:
         assert snap["straggler"] and snap["straggler"]["task"] == 1, (split, snap["straggler"])

@@ -1,18 +1,22 @@
 """The launcher's promises under faults: real processes, real signals, real pipes (no mocks)."""
 
+import functools
 import json
 import os
+import select
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import DIGITS, alive, command_lines_with, latest_state, launcher_traceback, wait_for, wait_gone, write_spec
+from conftest import (DIGITS, Cli, alive, command_lines_with, latest_state, launcher_traceback, reap, run_processes,
+                      wait_for, wait_gone, write_spec)
 
 SLEEP = 'command = ["python3", "-c", "import time; print(\'up\', flush=True); time.sleep(600)"]'
 
@@ -33,6 +37,52 @@ def slow_python(tmp_path: Path, seconds: float) -> str:
     path.write_text(f"#!/bin/sh\nsleep {seconds}\nexec {sys.executable} \"$@\"\n")
     path.chmod(0o755)
     return str(path)
+
+
+# ---------------------------------------------------------------- tests started early
+
+EARLY = {}  # test name -> its body (cli, tmp_path), started in a thread when the module starts
+
+
+def early(name: str):
+    """The body of test `name`, whose run mostly waits (a lifeline, a teardown's wait for a stopped supervisor):
+    started when the module starts, so that its waiting overlaps the module's other tests; the test itself takes
+    the outcome (the body's own assertions, and no process of its run left, as the cli fixture checks)."""
+    def register(body):
+        EARLY[name] = body
+        return body
+    return register
+
+
+class Early:
+    def __init__(self, body, folder: Path):
+        self.cli, self.error = Cli(folder / "mgpu-home", folder), None
+        self.thread = threading.Thread(target=self.run, args=(body, folder), daemon=True)
+        self.thread.start()
+
+    def run(self, body, folder: Path) -> None:
+        try:
+            body(self.cli, folder)
+        except BaseException as exc:  # raised again in its test
+            self.error = exc
+
+    def outcome(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        left = reap(run_processes(self.cli.home))
+        assert not self.thread.is_alive(), f"still running after {timeout} s"
+        if self.error is not None:
+            raise self.error
+        assert not left, f"processes left running after the test: {[(p.pid, p.info) for p in left]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def started_early(request, tmp_path_factory):
+    selected = {item.name for item in request.session.items}
+    runs = {name: Early(body, tmp_path_factory.mktemp(name[5:30])) for name, body in EARLY.items() if name in selected}
+    yield runs
+    for run in runs.values():
+        run.thread.join(300)
+        reap(run_processes(run.cli.home))
 
 
 # ---------------------------------------------------------------- the protocol is out of band
@@ -66,7 +116,7 @@ FLOOD_THEN_FAIL = """
 import os, sys, time
 d = os.environ["MGPU_RUN_DIR"]
 line = "x" * 200
-end = time.time() + 4
+end = time.time() + 2
 while time.time() < end:
     for _ in range(200):
         print(line)
@@ -307,7 +357,7 @@ def test_a_recycled_pid_is_never_signalled(tmp_path):
 def test_ctrl_c_during_check_is_130_and_leaves_nothing(cli, tmp_path):
     spec = write_spec(tmp_path, SLEEP, n=2, extra=f'python = "{slow_python(tmp_path, 30)}"\n')
     check = cli.popen("check", spec)
-    time.sleep(2.0)
+    wait_for(lambda: command_lines_with(str(tmp_path / "slowpy")), 30, "check's preflight in the slow interpreter")
     check.send_signal(signal.SIGINT)
     out, _ = check.communicate(timeout=30)
     assert check.returncode == 130, out
@@ -369,8 +419,14 @@ def test_the_built_in_runners_peers_of_a_failed_task_are_killed_at_once_a_comman
     assert not wait_gone(cli.home, 5)
 
 
-def test_ctrl_c_during_teardown_finishes_it_and_exits_130(cli, tmp_path):
+@pytest.mark.cluster
+def test_ctrl_c_during_teardown_finishes_it_and_exits_130(started_early):
     """A teardown that waits: task 0's supervisor does not answer (stopped), so its stop is not confirmed."""
+    started_early["test_ctrl_c_during_teardown_finishes_it_and_exits_130"].outcome(300)
+
+
+@early("test_ctrl_c_during_teardown_finishes_it_and_exits_130")
+def ctrl_c_during_teardown(cli, tmp_path):
     spec = write_spec(tmp_path, stubborn(tmp_path, 3.0))
     up = cli.popen("up", spec)
     lines, held = [], None
@@ -473,8 +529,16 @@ Collective ops is aborted by: Error reported from /job:worker/task:PEER: The fol
 """
 
 
-@pytest.mark.parametrize("abort_after", [0, 3], ids=["launcher-finds-it", "tensorflow-aborts-the-peer-first"])
-def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path, abort_after):
+ABORTS = {0: "launcher-finds-it", 3: "tensorflow-aborts-the-peer-first"}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("abort_after", list(ABORTS), ids=list(ABORTS.values()))
+def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(started_early, abort_after):
+    started_early[f"test_sigstopped_task_is_the_one_named_not_its_waiting_peer[{ABORTS[abort_after]}]"].outcome(300)
+
+
+def sigstopped_task(cli, tmp_path, abort_after):
     # the waiting peer: blocked in the all-reduce, or (as TensorFlow's coordination service does, its heartbeat
     # timeout before the launcher's) aborted 3 s into the wait, exiting 1 with the words that name task 1
     lockstep = f"ABORT_AFTER_S = {abort_after}\n{COORDINATION_ABORT}{LOCKSTEP}"
@@ -501,7 +565,18 @@ def test_sigstopped_task_is_the_one_named_not_its_waiting_peer(cli, tmp_path, ab
     assert not wait_gone(cli.home, 5)
 
 
-def test_a_silent_supervisor_is_lost_even_before_the_first_step(cli, tmp_path):
+for _after, _id in ABORTS.items():
+    early(f"test_sigstopped_task_is_the_one_named_not_its_waiting_peer[{_id}]")(
+        functools.partial(sigstopped_task, abort_after=_after))
+
+
+@pytest.mark.cluster
+def test_a_silent_supervisor_is_lost_even_before_the_first_step(started_early):
+    started_early["test_a_silent_supervisor_is_lost_even_before_the_first_step"].outcome(300)
+
+
+@early("test_a_silent_supervisor_is_lost_even_before_the_first_step")
+def silent_supervisor(cli, tmp_path):
     # no progress ever (so no heartbeat), but the supervisor's beats stop: a host cut off while
     # TensorFlow starts looks like this; its lifeline (heartbeat_timeout within 10 s .. 2 min) ends the wait
     spec = write_spec(tmp_path, SLEEP, launch="heartbeat_timeout = 4")
@@ -611,7 +686,8 @@ def test_logs_follow_ends_when_the_launcher_dies(cli, tmp_path):
     st = latest_state(cli)
     follow = cli.popen("logs", "--follow")
     try:
-        time.sleep(1.0)
+        ready, _, _ = select.select([follow.stdout], [], [], 60)  # following: it has printed the task's line
+        assert ready and follow.stdout.readline(), "logs --follow printed nothing in 60 s"
         os.kill(st["agent_pid"], signal.SIGKILL)
         follow.wait(20)
         assert follow.returncode == 0

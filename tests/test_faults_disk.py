@@ -96,8 +96,10 @@ def test_notice_before_tensorflow_is_up_is_a_preemption(cli, tmp_path):
     """SIGTERM to a task's supervisor while the training still imports TensorFlow, with a short
     preempt_grace: the task is killed unsaved, and that is a preemption: the group starts again."""
     ckpt = tmp_path / "ckpt"
+    # standby = false: no fork servers importing TensorFlow at the idle priority beside the run (starved on a
+    # loaded machine, this test took 75 s there with them); standbys are test_standby.py's
     spec = write_spec(tmp_path, 'entrypoint = "worker.examples.digits:task"\nepochs = 1\nsteps_per_epoch = 5\n'
-                      f'checkpoint_dir = "{ckpt}"', launch="preempt_grace = 0.5\nmax_preemptions = 1")
+                      f'checkpoint_dir = "{ckpt}"', launch="preempt_grace = 0.5\nmax_preemptions = 1\nstandby = false")
     up = cli.popen("up", spec)
     try:
         st = wait_for(lambda: (s := latest_state(cli)) and s["state"] == "running" and s, 120, "both tasks started")

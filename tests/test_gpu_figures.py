@@ -108,7 +108,9 @@ def test_each_task_of_a_host_shows_its_own_gpus_in_status_the_page_and_metrics(c
             page.wait_for_selector('[data-task="1"] .gpus', timeout=15_000)
             for width in (1280, 390):
                 page.set_viewport_size({"width": width, "height": 900})
-                page.wait_for_timeout(1500)
+                shown = {0: "0: 87% · 12.0/79.6 GiB", 1: "1: – · 1.0/79.6 GiB"}
+                wait_for(lambda: all(page.inner_text(f'[data-task="{i}"] .gpu').strip() == text
+                                     for i, text in shown.items()), 15, f"both tasks' GPUs shown at {width} px")
                 assert page.inner_text('[data-task="0"] .gpu').strip() == "0: 87% · 12.0/79.6 GiB"
                 assert page.inner_text('[data-task="1"] .gpu').strip() == "1: – · 1.0/79.6 GiB"
                 assert "null" not in page.inner_text("#charts")  # no chart drawn yet: nothing said as "null"

@@ -68,8 +68,24 @@ def test_example_cluster_trains_and_status_shows_it(cli):
                    for line in plain.splitlines()), plain
 
 
+# a task that steps, as a training does: its progress (global_step) every 0.2 s, read by its supervisor
+STEPPING = """
+import json, os, time
+d = os.environ["MGPU_RUN_DIR"]
+for step in range(1, 100000):
+    with open(os.path.join(d, ".p"), "w") as f:
+        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
+    time.sleep(0.2)
+"""
+
+
+def stepping(tmp_path: Path) -> Path:
+    return write_spec(tmp_path, f"command = {json.dumps(['python3', '-c', STEPPING])}")  # -c: no fork server
+
+
 def test_kill_9_of_a_worker_stops_the_others_and_names_it(cli, tmp_path):
-    spec = write_spec(tmp_path, DIGITS + "\nepochs = 200")
+    spec = stepping(tmp_path)  # the launcher's own behaviour: a command task (the built-in runner's: test_faults.py)
 
     def kill_task_1(_up, st):
         victim, other = st["tasks"][1], st["tasks"][0]
