@@ -4,7 +4,6 @@ restart at any moment starts warm. The user's code runs once per attempt, as `py
 server is replaced and fails nothing; `down`, Ctrl-C and a lost launcher leave none; `standby = false`, or a
 run that cannot restart, starts cold."""
 
-import json
 import os
 import signal
 import sys
