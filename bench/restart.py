@@ -31,7 +31,7 @@ from worker.host.system import private_memory
 
 TITLE = "restart cost"
 TARGET, SLOWDOWN_TARGET, MEMORY_TARGET = "ratio <= 0.5", "ratio >= 0.97", "ours <= 0.2"
-EPOCHS, QUICK_EPOCHS = 40, 5
+EPOCHS, QUICK_EPOCHS = 40, 8
 KILL_EPOCHS, QUICK_KILL = (3, 10, 30), (3,)
 EVERY = 5  # a checkpoint every this many steps
 FIRST_S = 60.0  # steps per second over this much of the training's start

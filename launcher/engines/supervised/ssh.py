@@ -32,6 +32,9 @@ from worker.protocol import BROKEN, GO
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
 POLL_S = 0.02
+# sshd may send a command's exit status before the last of its output: the rest is read until the channel's end of
+# file, this long at most (a background child that holds the output open never ends it)
+TAIL_S = 2.0
 
 
 class SSHHandle(Handle):
@@ -188,6 +191,10 @@ class SSHTransport(Transport):
                 drain()
                 if time.monotonic() > deadline:
                     raise HostUnreachable(f"{self.where}: '{command[:80]}' did not finish within {timeout:g} s")
+            tail_until = min(deadline, time.monotonic() + TAIL_S)
+            while not ch.eof_received and time.monotonic() < tail_until:
+                drain()
+                time.sleep(POLL_S)
             drain()
             code = ch.recv_exit_status()
             if code == -1 and not ch.get_transport().is_active():
