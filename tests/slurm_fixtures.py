@@ -46,17 +46,22 @@ def _stop(sc: SlurmCluster, request, failed_before: int) -> None:
     sc.stop()
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(request):
-    """A 2-node cluster (partition `debug`, one CPU per node) shared by the whole session.
-    Tests must leave it working: use `make_slurm_cluster` to break nodes."""
+def private_cluster(request, n: int = 2):
+    """For a fixture (`yield from`): an n-node cluster of its own, stopped after it, also after a failure."""
     require_slurm()
     failed_before = request.session.testsfailed
-    sc = _start(2)
+    sc = _start(n)
     try:
         yield sc
     finally:
         _stop(sc, request, failed_before)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request):
+    """A 2-node cluster (partition `debug`, one CPU per node) shared by the whole session.
+    Tests must leave it working: use `make_slurm_cluster` to break nodes."""
+    yield from private_cluster(request)
 
 
 @pytest.fixture

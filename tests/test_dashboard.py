@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+import shared_runs
 from conftest import IN_CI, STACK_HEADER, Cli, free_port, status_json, wait_for, write_spec
 
 CHROMIUM = "/usr/bin/chromium"
@@ -385,10 +386,4 @@ def raising_run(cli: Cli, tmp_path) -> tuple[str, str]:
 
 def refused_run(cli: Cli, tmp_path) -> tuple[str, int]:
     """A run its preflight refused (its port is held by this process): its id and the holder's pid."""
-    spec = write_spec(tmp_path, 'command = ["python3", "-c", "pass"]', n=1, name="refused.toml")
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", int(spec.read_text().split("port = ")[1].split()[0])))
-        holder.listen()
-        r = cli("up", spec, timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
-    return json.loads(cli("ls", "--json", timeout=60).stdout)[0]["run_id"], os.getpid()
+    return shared_runs.refused_run(cli, tmp_path), os.getpid()

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import (Cli, launcher_traceback, latest_state, reap, run_processes, status_json, wait_for, wait_gone,
                       write_slurm_spec)
-from slurm_fixtures import _start, _stop, require_slurm
+from slurm_fixtures import _start, _stop, private_cluster, require_slurm
 
 PY = sys.executable
 pytestmark = pytest.mark.cluster  # every test here runs on a real Slurm cluster (some through module fixtures)
@@ -40,13 +40,7 @@ def settle(cluster) -> None:
 def cluster(request):
     """A private cluster for the tests that run here in turn (they set nodes down and leave finished jobs that
     the session's cluster should not see); each test leaves it with no job and both nodes idle."""
-    require_slurm()
-    failed_before = request.session.testsfailed
-    made = _start(2)
-    try:
-        yield made
-    finally:
-        _stop(made, request, failed_before)
+    yield from private_cluster(request)
 
 
 @pytest.fixture

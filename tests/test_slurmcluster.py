@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fixtures import REPO, _start, _stop, require_slurm  # the fixtures come from conftest's pytest_plugins
+from slurm_fixtures import REPO, private_cluster, require_slurm  # the fixtures come from conftest's pytest_plugins
 from slurmcluster import _alive, _link_names, _netns_list, _netns_pids
 
 # One task: its own address, the port bound (no SO_REUSEADDR) while every task holds it.
@@ -173,13 +173,7 @@ def spare(request):
     """A private cluster of this module's own, apart from the session's: test_go_away_and_revive breaks and revives
     a node of it, then test_stop_removes_everything_and_clusters_do_not_clash stops it (one start, and one first
     scheduling pass of a fresh controller, for both). Stopped here too (stop() is idempotent), also after a failure."""
-    require_slurm()
-    failed_before = request.session.testsfailed
-    made = _start(2)
-    try:
-        yield made
-    finally:
-        _stop(made, request, failed_before)
+    yield from private_cluster(request)
 
 
 @pytest.mark.cluster
