@@ -100,7 +100,8 @@ def test_ctrl_c_leaves_a_follower_quietly(cli, tmp_path):
 
 
 def test_ctrl_c_of_up_hints_resume_and_resume_keeps_arguments(cli, tmp_path):
-    spec = write_spec(tmp_path, 'entrypoint = "worker.examples.digits:task"\nepochs = 50\nsteps_per_epoch = 3',
+    # more epochs than any machine trains before the Ctrl-C lands: a run that ended has nothing to resume
+    spec = write_spec(tmp_path, 'entrypoint = "worker.examples.digits:task"\nepochs = 10000\nsteps_per_epoch = 3',
                       n=1)
 
     def an_epoch_saved():

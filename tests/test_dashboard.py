@@ -210,8 +210,9 @@ def test_metrics_of_a_live_run_hold_every_series_per_task_with_steps_increasing(
     run = live_run(cli, tmp_path)
     try:
         with dashboard(cli) as (_, url, _, token):
-            first = scrape(url, token)
             steps = [(("run", run), ("task", task)) for task in ("0", "1")]
+            first = wait_for(lambda: (s := scrape(url, token)) and all((n, k) in s for n in SERIES for k in steps)
+                             and s, 30, "every series of both tasks in /metrics (CPU and memory: a beat's)")
             second = wait_for(lambda: (s := scrape(url, token)) and all(
                 s.get(("mgpu_task_step", k), 0) > first.get(("mgpu_task_step", k), 0) for k in steps) and s,
                 30, "both tasks' steps to increase in /metrics")
