@@ -22,7 +22,7 @@ pytest_plugins = ["slurm_fixtures", "shared_runs"]
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 # a test that uses one of these starts real tasks, hosts or a Slurm cluster: marked `cluster`, so that
-# `pytest -m "not cluster"` runs the pure and single-process tests alone (about a minute)
+# `pytest -m "not cluster"` runs the pure and single-process tests alone (about 30 s; at most 45)
 CLUSTER_FIXTURES = {"cli", "th", "fresh", "slurm_cluster", "make_slurm_cluster", "digits_run", "restart_run",
                     "refused_run_id"}
 
