@@ -68,16 +68,21 @@ def test_example_cluster_trains_and_status_shows_it(cli):
                    for line in plain.splitlines()), plain
 
 
-# a task that steps, as a training does: its progress (global_step) every 0.2 s, read by its supervisor
-STEPPING = """
+def steps_script(steps: int, pause: float, then: str = "") -> str:
+    """A task that steps as a training does: its progress (global_step) every `pause` s, read by its supervisor,
+    `steps` times; then the lines `then`."""
+    return f"""
 import json, os, time
 d = os.environ["MGPU_RUN_DIR"]
-for step in range(1, 100000):
+for step in range(1, {steps + 1}):
     with open(os.path.join(d, ".p"), "w") as f:
-        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
+        json.dump({{"state": "training", "global_step": step, "time": time.time()}}, f)
     os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
-    time.sleep(0.2)
-"""
+    time.sleep({pause})
+{then}"""
+
+
+STEPPING = steps_script(100000, 0.2)
 
 
 def stepping(tmp_path: Path) -> Path:
@@ -200,17 +205,7 @@ def test_restart_resumes_from_checkpoint(cli, tmp_path):
     assert "resuming at epoch 3" in out
 
 
-HANG = """
-import json, os, time
-d = os.environ["MGPU_RUN_DIR"]
-for step in range(1, 4):
-    with open(os.path.join(d, ".p"), "w") as f:
-        json.dump({"state": "training", "global_step": step, "time": time.time()}, f)
-    os.replace(os.path.join(d, ".p"), os.path.join(d, "progress.json"))
-    time.sleep(0.3)
-print("now hanging", flush=True)
-time.sleep(600)
-"""
+HANG = steps_script(3, 0.3, 'print("now hanging", flush=True)\ntime.sleep(600)\n')
 
 
 def test_hung_worker_fails_the_run_by_heartbeat(cli, tmp_path):
