@@ -891,11 +891,17 @@ time.sleep(300)
 """
 
 
+def autogroup_nice(pid: int) -> int:
+    """The nice value of the scheduler autogroup (the session) that process `pid` runs in."""
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split("nice")[1])
+
+
 @needs_root
 def test_standbys_over_ssh_restart_warm_and_die_with_a_lost_launcher(cli, th, tmp_path):
     """Two SSH hosts: each task's attempts are forked from its host's fork server (TensorFlow imported there
     once), held for the next attempt by a standby; a kill -9 restarts from them; a launcher killed with kill -9
-    leaves no task, no server and no standby on either host."""
+    leaves no task, no server and no standby on either host. An idle server never slows its training: the task
+    (in the SSH session its core leads, as its server) keeps the session's scheduler autogroup at nice 0."""
     (tmp_path / "wd").mkdir(exist_ok=True)
     (tmp_path / "wd" / "wait.py").write_text(WAIT_IN_ATTEMPT)
     spec = write_spec(tmp_path, th.addresses[:2], {"command": [PY, "wait.py"]}, launch={"max_restarts": 1})
@@ -910,13 +916,16 @@ def test_standbys_over_ssh_restart_warm_and_die_with_a_lost_launcher(cli, th, tm
 
     with cli.running("up", spec) as up:
         first = wait_for(lambda: standbys(1), 240, "a ready standby on both hosts")
-        os.kill(latest_state(cli)["tasks"][1]["pid"], signal.SIGKILL)
+        tasks = latest_state(cli)["tasks"]
+        assert [autogroup_nice(t["pid"]) for t in tasks] == [0, 0], "an idle standby niced its training"
+        os.kill(tasks[1]["pid"], signal.SIGKILL)
         wait_for(lambda: standbys(2), 240, "attempt 1 running, and the standbys for attempt 2")
         st = latest_state(cli)
         assert st["attempt"] == 1 and all(t["warm"] for t in st["tasks"]), st["tasks"]
         assert [t["standby"]["pid"] for t in st["tasks"]] == first  # the same servers, for the next attempt too
         log = (task_dir(tmp_path, st, 0) / "worker.log").read_text()
         assert "attempt 0 warm False" in log and "attempt 1 warm True" in log, log[-1500:]
+        assert [autogroup_nice(t["pid"]) for t in st["tasks"]] == [0, 0], "an idle standby niced its training"
         up.kill()  # the launcher lost: kill -9
         up.wait()
     assert not wait_gone(tmp_path, 30), "tasks or standbys outlived their launcher"

@@ -56,7 +56,6 @@ HOST_ADDRESS = "MGPU_HOST_ADDRESS"  # on JAX: this task's address in the cluster
 KERAS_VARIABLES = (KERAS_BACKEND, JOB_ADDRESSES, NUM_PROCESSES, PROCESS_ID)
 ATTEMPT = "MGPU_ATTEMPT"  # set by the task core at exec time: which attempt a process was started for
 FORK_SERVER = "fork-server"  # a fork server's ATTEMPT: no attempt's sweep stops it, a run's does
-FORK_GROUP = "MGPU_FORK_GROUP"  # "own": a fork server's autogroup is its own (an SSH session's), niced while idle
 # read by the worker, set by a user (or a test) where wanted: the builder sets none of them
 PROGRESS_INTERVAL, STEP_CLOCK = "MGPU_PROGRESS_INTERVAL", "MGPU_STEP_CLOCK"
 TF_DATA_AUTOTUNE = "MGPU_TF_DATA_AUTOTUNE"

@@ -88,17 +88,27 @@ def _autogroup(nice: int) -> None:
         pass
 
 
+def _own_session(pid: int = 0) -> bool:
+    """Whether the server leads a session (so a scheduler autogroup) of its own: started so where its Python
+    cannot start a child in a process group alone (3.10). Where it shares its core's session, the autogroup is the
+    training's too, and is never niced: that starved the training whenever another session wanted the CPU."""
+    try:
+        return os.getsid(pid) == (pid or os.getpid())
+    except OSError:
+        return False
+
+
 def idle() -> bool:
     """Import at the idle priority where the trainer forked later can take the normal one back (root, or an
-    RLIMIT_NICE that allows it); in a session of its own (over SSH) its autogroup niced too, as the kernel shares
-    the CPU between sessions first."""
+    RLIMIT_NICE that allows it); in a session of its own its autogroup niced too, as the kernel shares the CPU
+    between sessions first."""
     try:
         if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
             return False
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError, ValueError):
         return False
-    if os.environ.get(env.FORK_GROUP) == "own":
+    if _own_session():
         _autogroup(19)
     return True
 
@@ -114,15 +124,16 @@ def hurry(pid: int) -> None:
             os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
         except (OSError, ValueError):
             pass
-    try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write("0")
-    except OSError:
-        pass
+    if _own_session(pid):
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write("0")
+        except OSError:
+            pass
 
 
 def unidle() -> None:
-    if os.environ.get(env.FORK_GROUP) == "own":
+    if _own_session():
         _autogroup(0)
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

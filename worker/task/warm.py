@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from worker.host import env as names
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import child_setup
 from worker.task import forkserver
@@ -103,11 +102,10 @@ class Server:
             return cls(sock, None, log)
         argv = module_argv(sys.executable, MODULE) + [name, *(["--idle"] if idle else []),
                                                         *(["--ours", ours] if ours else [])]
-        own = {names.FORK_GROUP: "own"} if os.getsid(0) == os.getpid() else {}
         try:
             with open(log, "ab") as out:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                        env={**env, **own}, preexec_fn=child_setup(), **OWN_GROUP)
+                                        env=env, preexec_fn=child_setup(), **OWN_GROUP)
         except (OSError, ValueError) as exc:
             raise NoServer(f"could not be started: {exc}") from None
         deadline = time.monotonic() + CONNECT_S
