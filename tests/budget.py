@@ -1,6 +1,11 @@
 """The suite's time, kept in view (a pytest plugin, loaded by conftest.py): each cluster test module's seconds
 against its budget in tests/budgets.toml, and the run's end names the modules over budget and the suite's wall
-time. A warning, never a failure: machines are noisy (the promise is the whole suite in 15 minutes on 2 cores)."""
+time. A warning, never a failure: machines are noisy (the promise is the whole suite in 15 minutes on 2 cores).
+
+The suite runs on WORKERS pytest-xdist workers (pyproject's addopts), a module on one worker whole (its module
+fixtures start once); the heaviest modules by budget go first, so that no long one is left to run alone at the
+end. Most of a cluster test's time is waiting (a heartbeat timeout, a grace, an SSH or Slurm round trip), so two
+workers on two cores take about half the time; a module's seconds are its seconds beside the other worker."""
 
 from __future__ import annotations
 
@@ -15,11 +20,19 @@ except ModuleNotFoundError:  # Python 3.10
 
 BUDGETS = Path(__file__).with_name("budgets.toml")
 SUITE_S = 15 * 60  # the whole suite's budget, on this project's 2-core machine
+WORKERS = 2  # `-n 2` in pyproject.toml's addopts
 
 
 def budgets() -> dict[str, float]:
     """Module file name -> seconds, as tests/budgets.toml gives them."""
     return {name: float(s) for name, s in tomllib.loads(BUDGETS.read_text())["seconds"].items()}
+
+
+def heaviest_first(items: list) -> list:
+    """Test items in the order the workers should take their modules: by budget, largest first (a module without
+    one, a quick one, last); the order within a module kept."""
+    limits = budgets()
+    return sorted(items, key=lambda item: -limits.get(Path(str(item.fspath)).name, 0.0))
 
 
 class Budget:

@@ -34,9 +34,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
+    from budget import heaviest_first
+
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    items[:] = heaviest_first(items)
 
 
 def need(module: str):

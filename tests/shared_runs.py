@@ -12,6 +12,7 @@ machine for its progress to be read several times an epoch and for a kill to lan
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -90,14 +91,45 @@ def _past(cli: Cli, step: int):
     return None
 
 
+def _once(tmp_path_factory, name: str, make):
+    """make(folder) -> a JSON value, made once per test session: under pytest-xdist each worker has a session of
+    its own, so the first worker that asks makes it in the workers' common folder and the others wait for it and
+    read it. (value, made here): only the worker that made it checks what it left behind."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name)), True
+    common = tmp_path_factory.getbasetemp().parent  # this session's folder, beside each worker's own
+    with open(common / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if make() fails
+        made = common / f"{name}.json"
+        if made.exists():
+            value = json.loads(made.read_text())
+            if isinstance(value, dict) and "failed" in value:
+                pytest.fail(f"the shared {name}, made by another worker, failed: {value['failed']}")
+            return value, False
+        try:
+            value = make(common / name)
+        except BaseException as e:
+            made.write_text(json.dumps({"failed": f"{type(e).__name__}: {e}"[:4000]}))
+            raise
+        made.write_text(json.dumps(value))
+        return value, True
+
+
 def _shared(tmp_path_factory, name: str, start):
     """For a session fixture (`yield from`): start(cli, folder) -> SharedRun, then nothing of it left."""
-    folder = tmp_path_factory.mktemp(name)
+
+    def make(folder: Path) -> dict:
+        folder.mkdir(parents=True, exist_ok=True)
+        run = start(Cli(folder / "mgpu-home", folder), folder)
+        return {"folder": str(run.folder), "code": run.code, "out": run.out, "run_id": run.run_id}
+
+    value, mine = _once(tmp_path_factory, name, make)
+    folder = Path(value["folder"])
     cli = Cli(folder / "mgpu-home", folder)
     try:
-        yield start(cli, folder)
+        yield SharedRun(cli, value["code"], value["out"], value["run_id"], folder)
     finally:
-        left = reap(run_processes(cli.home))
+        left = reap(run_processes(cli.home)) if mine else []
         assert not left, f"processes of the shared run {name} left running: {left}"
 
 
@@ -133,9 +165,9 @@ def digits_run(tmp_path_factory) -> SharedRun:
 
 
 @pytest.fixture(scope="session")
-def refused_run_id(digits_run) -> str:
+def refused_run_id(digits_run, tmp_path_factory) -> str:
     """A run refused in its preflight, recorded beside digits_run (under the same MGPU_HOME)."""
-    return refused_run(digits_run.cli, digits_run.folder)
+    return _once(tmp_path_factory, "refused-run", lambda _: refused_run(digits_run.cli, digits_run.folder))[0]
 
 
 @pytest.fixture(scope="session")
