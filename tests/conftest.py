@@ -56,15 +56,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def namespace_hosts(n: int, folder: Path):
-    """For a module fixture (`yield from`): `n` hosts in network namespaces with real sshds (deploy/testhosts),
-    taken down after, nothing of them left; skipped without root only outside CI=true."""
+def namespace_hosts(n: int, folder: Path, **kw):
+    """For a module fixture (`yield from`): `n` hosts in network namespaces with real sshds (deploy/testhosts;
+    `kw`: TestHosts' options), taken down after, nothing of them left; skipped without root only outside CI=true."""
     if os.geteuid() != 0 and not IN_CI:
         pytest.skip("needs root to make network namespaces and run sshd (only outside CI=true)")
     sys.path.insert(0, str(REPO / "deploy"))
     from testhosts import TestHosts
 
-    hosts = TestHosts(n, folder)
+    hosts = TestHosts(n, folder, **kw)
     try:
         hosts.up()
         yield hosts

@@ -29,7 +29,10 @@ DIGITS_EPOCHS = 4
 SECRET = "hunter2-not-for-the-page"
 RESTART_EPOCHS, RESTART_STEPS, CHECKPOINT_EVERY, KILL_AFTER_STEP = 3, 12, 3, 15
 
-PACED = f'''
+
+def paced_source(pace_s: float) -> str:
+    """A module whose `task` is the digits example pausing `pace_s` after each step."""
+    return f'''
 import time
 from dataclasses import replace
 
@@ -41,10 +44,13 @@ def task():
 
     class Paced(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            time.sleep({PACE_S})
+            time.sleep({pace_s})
 
     return replace(digits(), callbacks=lambda: [Paced()])
 '''
+
+
+PACED = paced_source(PACE_S)
 
 
 @dataclass(frozen=True)

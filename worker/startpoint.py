@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import Any, Iterable
 
 OWNER = "owner.json"  # {"run", "epoch", "step", "steps_done"}: written by the chief with each backup
 FINISHED = "finished.json"  # {"run": id} whose training ended, every task's model saved (worker.checkpoints)
@@ -35,7 +36,7 @@ class StartPoint:
     def words(self) -> str:
         return "starts fresh" if self.fresh else f"resumes run {self.run} at epoch {self.epoch}, step {self.step}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -49,12 +50,12 @@ class Found:
     owner: StartPoint | None = None
     finished: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"folder": self.folder, "backup": self.backup, "finished": self.finished,
                 "owner": self.owner.to_json() if self.owner else None}
 
     @classmethod
-    def from_json(cls, data) -> "Found | None":
+    def from_json(cls, data: object) -> "Found | None":
         """As `to_json` wrote it (a doctor's report: untrusted); None for anything else."""
         if not isinstance(data, dict) or not isinstance(data.get("folder"), str):
             return None
@@ -63,16 +64,17 @@ class Found:
                    finished=finished if isinstance(finished, str) and finished else None)
 
 
-def _owner(data) -> StartPoint | None:
+def _owner(data: object) -> StartPoint | None:
     if not isinstance(data, dict) or not isinstance(data.get("run"), str) or not data["run"]:
         return None
     numbers = [data.get(k) for k in ("epoch", "step", "steps_done")]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+    counts = [n for n in numbers if isinstance(n, int) and not isinstance(n, bool) and n >= 0]
+    if len(counts) != len(numbers):
         return None
-    return StartPoint(data["run"][:200], *numbers)
+    return StartPoint(data["run"][:200], *counts)
 
 
-def _json(path: str):
+def _json(path: str) -> Any:
     try:
         with open(path, "rb") as f:
             return json.loads(f.read(FILE_MAX).decode("utf-8"))
@@ -174,7 +176,7 @@ class Options:
         return [f for f in (self.checkpoint_dir, self.resume_from) if f]
 
 
-def options(argv) -> Options:
+def options(argv: Iterable[str]) -> Options:
     """The last of each option in `argv` (as argparse takes it); --flag=value too."""
     found: dict[str, str] = {}
     argv = list(argv)

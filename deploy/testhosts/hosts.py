@@ -70,7 +70,8 @@ class TestHosts:
     __test__ = False  # not a pytest test class
 
     def __init__(self, n: int, state_dir, prefix: str | None = None, *, sshd: str = SSHD,
-                 ready_timeout: float = 15.0, reaper: bool = False, static_neighbours: bool | None = None):
+                 ready_timeout: float = 15.0, reaper: bool = False, static_neighbours: bool | None = None,
+                 disk: str | None = None, disk_size: str = "64m"):
         if not 1 <= int(n) <= MAX_HOSTS:
             raise ValueError(f"n must be between 1 and {MAX_HOSTS}, not {n}")
         if prefix is not None and not _PREFIX_RE.match(prefix):
@@ -86,6 +87,9 @@ class TestHosts:
         # all talk to each other need n * (n - 1): past ~30 it overflows and connections time out.
         # Permanent entries between the hosts do not count (the SSH side stays dynamic ARP).
         self.static_neighbours = self.n > 16 if static_neighbours is None else static_neighbours
+        # disk: a path that each host sees as a disk of its own (a private tmpfs of disk_size in its sshd's mount
+        # namespace, empty again after a crash): hosts that share no storage there
+        self.disk, self.disk_size = disk, disk_size
         self.subnet: str | None = None  # "198.18.<k>", chosen in up()
         self.hosts: list[Host] = []
         self.timings: dict[str, float] = {}
@@ -310,8 +314,11 @@ class TestHosts:
         log = self.sshd_log(i)
         with open(log, "ab") as out:
             reaper = [sys.executable, "-c", REAPER] if self.reaper else []
+            disk = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    'mkdir -p "$0" && mount -t tmpfs -o "size=$1" tmpfs "$0" && shift && exec "$@"',
+                    self.disk, self.disk_size] if self.disk else []
             self._procs[i] = subprocess.Popen(
-                ["ip", "netns", "exec", self._netns(i), *reaper, self.sshd, "-D",
+                ["ip", "netns", "exec", self._netns(i), *disk, *reaper, self.sshd, "-D",
                  "-f", str(self._sshd_config_file(i)), "-E", str(log)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
 

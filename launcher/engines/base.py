@@ -193,6 +193,24 @@ class Engine(ABC):
 
 
 @dataclass(frozen=True)
+class BackupCopy:
+    """What a restart's copy of the run's backup did (checkpoints with nothing shared): the task whose host's copy
+    was the truth and the global steps it holds, the tasks whose hosts were given a copy (or already held the same
+    bytes), the bytes copied and the seconds it took; `error` (with the task and host it concerns) where a copy
+    could not be made, and then no task starts."""
+
+    source: int
+    steps_done: int | None
+    copied: tuple[int, ...] = ()
+    same: tuple[int, ...] = ()
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    task: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True)
 class StandbyState:
     """A task's standby as its engine last heard of it: the fork server it holds (pid), whether that has imported
     what it imports, the private memory holding it adds (bytes; None: not read yet), the attempt it is for."""
@@ -241,6 +259,12 @@ class Launching(ABC):
     def reachable(self, indices: list[int]) -> list[Result[float]]:
         """Whether each task's host answers now (elastic runs drop the ones that do not)."""
         return [Result(value=0.0) for _ in indices]
+
+    def share_backup(self) -> BackupCopy | None:
+        """Before a restart's tasks start: every host that restores holds a whole copy of the run's newest backup
+        (checked by size and SHA-256). None where nothing was there to copy, or the engine's tasks read one folder
+        (a scheduler's shared storage)."""
+        return None
 
 
 class Inspecting(ABC):

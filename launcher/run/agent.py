@@ -160,6 +160,8 @@ class Agent:
         tasks = [p.index for p in self.engine.plans]
         run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
         self.marks, self.carried = phases.Phases(run.attempts[-1], self.carried, phases.reached(run)), {}
+        if number > 0:
+            self.share_backup()
         for i in tasks:
             run.task(i).begin(number)
         run.mark("spawn_started")
@@ -180,6 +182,23 @@ class Agent:
             run.mark("end")
             return self.end_attempt(Outcome.SUCCEEDED, None)
         return self.conclude(live, failure)
+
+    def share_backup(self) -> None:
+        """Before a restart's tasks start, every host holds the run's newest backup (copied where it lacks it: a
+        phase of the restart); a copy that cannot be made ends the run, as replicas must never start from
+        different weights."""
+        copy = self.engine.share_backup()
+        if copy is None:
+            return
+        if copy.error:
+            failure = Failure(kind=FailureKind.NOT_STARTED, message=copy.error, task=copy.task, host=copy.host)
+            self.run.set_state(RunState.FAILED, failure)
+            self.end_attempt(Outcome.FAILED, failure.message, failure)
+            raise RunFailed(told_once(failure, self.out))
+        self.marks.copied(copy)
+        if copy.copied:
+            self.out.say(phases.copy_line(copy, [watch.label(self.run, i) for i in copy.copied],
+                                          watch.label(self.run, copy.source)))
 
     def follow(self, live: LiveAttempt) -> Failure | None:
         """The attempt's events until it ends: its failure, or None (every task succeeded, or a preemption's

@@ -112,7 +112,8 @@ class Attempt:
     reason: str | None = None  # what ended it, in words
     failure: Failure | None = None  # the failure that ended it, as data
     tasks: list[int] = field(default_factory=list)
-    # seconds: detected_s, teardown_s (of the attempt before), spawn_s, first_step_s, took_s, back_s; steps:
+    # seconds: detected_s, teardown_s (of the attempt before), copy_s (and copy_bytes: the backup brought to the
+    # hosts that lacked it), spawn_s, first_step_s, took_s, back_s; steps:
     # reached_step (the attempt before's), resumed_step, steps_redone; lists: estimated (the names of those that
     # are estimates), epochs_unprinted (saved before a restart, their lines never told) (launcher.run.phases)
     phases: dict[str, float | list[str] | list[int]] = field(default_factory=dict)

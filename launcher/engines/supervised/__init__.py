@@ -8,7 +8,8 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from launcher.engines.base import Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink, TaskCheck, parallel
+from launcher.engines.base import (BackupCopy, Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink,
+                                   TaskCheck, parallel)
 from launcher.engines.supervised.standbys import Standbys, Started
 from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnreadable, Transport
 from launcher.plan import TaskPlan, mask_env, plan_tasks
@@ -124,6 +125,11 @@ class SupervisedEngine(Engine, Launching, Inspecting):
 
     def reachable(self, indices: list[int]) -> list[Result[float]]:
         return parallel(lambda i: self.transports[i].connect(), indices)
+
+    def share_backup(self) -> BackupCopy | None:
+        from launcher.engines.supervised.backups import share
+
+        return share(self.spec, self.run_id, self.plans, self.transports)
 
     def close(self) -> None:
         self.standbys.close()

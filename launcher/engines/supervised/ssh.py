@@ -12,8 +12,10 @@ the launcher's keepalive newlines (every KEEPALIVE_S) stop arriving for `launch.
 from __future__ import annotations
 
 import json
+import posixpath
 import threading
 import time
+from typing import BinaryIO
 
 import paramiko
 from fabric import Connection
@@ -329,6 +331,26 @@ class SSHTransport(Transport):
             return sync_over_sftp(self.connection().sftp(), files, workdir)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostUnreachable(f"{self.where}: sync to {workdir or 'the login folder'} failed: {exc}") from None
+
+    def open_file(self, path: str, write: bool = False) -> BinaryIO:
+        sftp = self.connection().sftp()
+        if write:
+            folder, missing = posixpath.dirname(path), []
+            while folder not in ("", "/"):
+                try:
+                    sftp.stat(folder)
+                    break
+                except FileNotFoundError:
+                    missing.append(folder)
+                    folder = posixpath.dirname(folder)
+            for folder in reversed(missing):
+                sftp.mkdir(folder, mode=0o700)
+        f = sftp.open(path, "wb" if write else "rb")
+        if write:
+            f.set_pipelined(True)  # writes go out without waiting for each one's answer
+        else:
+            f.prefetch()
+        return f  # type: ignore[return-value]  (an SFTPFile reads and writes bytes as a binary file does)
 
     def close(self) -> None:
         self.closed.set()

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 from launcher.engines.base import Sink, parallel, pump
 from launcher.plan import TaskPlan
@@ -81,6 +81,12 @@ class Transport(ABC):
     def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict | None:
         """Copy (local path, relative path) files below the host's workdir; None: same file system."""
         return None
+
+    def open_file(self, path: str, write: bool = False) -> BinaryIO:
+        """A file on the host (an absolute path) to read, or to write (its folders made first, owner-only)."""
+        if write:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        return open(path, "wb" if write else "rb")
 
     def close(self) -> None:
         pass

@@ -1,0 +1,176 @@
+"""Checkpoints with nothing shared (issue 50): SSH hosts in network namespaces, each with a disk of its own (a
+private tmpfs in its sshd's mount namespace, where the workdir is, so each host's checkpoint folder is its own).
+A restart copies the run's backup from the chief's host to every host that lacks it, checked by size and
+SHA-256, before any task starts; the group resumes at the saved step and ends with equal weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Cli, latest_state, namespace_hosts, reap, status_json, wait_for, wait_gone
+from shared_runs import paced_source
+
+PY = sys.executable
+PORT = 20000
+PACE_S = 0.15  # a step at least: a kill lands mid-run whatever the machine's speed
+
+
+@pytest.fixture(scope="module")
+def th(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("diskhosts")
+    yield from namespace_hosts(2, folder, disk=str(folder / "disk"))
+
+
+@pytest.fixture
+def cli(tmp_path, th):
+    c = Cli(tmp_path / "mgpu-home", tmp_path)
+    c.env = th.env(c.env)
+    yield c
+    left = reap(wait_gone(tmp_path, 30))
+    assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+def write_spec(tmp_path, th, training: str, launch: str = "") -> os.PathLike:
+    """Two hosts, each with its workdir on its own disk (its path holds the test's folder: the orphan check finds
+    the run's processes by it)."""
+    workdir = f"{th.disk}{tmp_path}"
+    for address in th.addresses:  # on each host's own disk, with the paced digits example in it
+        subprocess.run(["ssh", "-F", str(th.ssh_config), address, f"mkdir -p {workdir} && cat > {workdir}/paced.py"],
+                       input=paced_source(PACE_S).encode(), check=True, timeout=60)
+    hosts = "".join(f'[[hosts]]\naddress = "{a}"\nport = {PORT}\n' for a in th.addresses)
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(f'''[defaults]
+python = "{PY}"
+gpus = "none"
+workdir = "{workdir}"
+env = {{ TF_CPP_MIN_LOG_LEVEL = "2", MGPU_PROGRESS_INTERVAL = "0" }}
+{hosts}
+[training]
+{training}
+[launch]
+connect_timeout = 5
+heartbeat_timeout = 120
+{launch}
+''')
+    return spec
+
+
+def steps(cli, at_least: int):
+    """The run's state once every task has trained past `at_least` global steps."""
+    st = latest_state(cli)
+    if st and st["state"] == "running" and all((t.get("progress") or {}).get("global_step", 0) > at_least
+                                               for t in st["tasks"]):
+        return st
+    return None
+
+
+def test_a_restart_copies_the_chiefs_backup_to_the_host_without_it_and_both_resume_there(cli, th, tmp_path):
+    weights = tmp_path / "weights"  # outside the hosts' own disks: the test reads them
+    weights.mkdir()
+    spec = write_spec(tmp_path, th, f'''entrypoint = "paced:task"
+epochs = 3
+steps_per_epoch = 12
+batch_size_per_replica = 16
+checkpoint_every_steps = 4
+args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "max_restarts = 1")
+    with cli.running("up", spec) as up:
+        st = wait_for(lambda: up.poll() is not None or steps(cli, 5), 240, "both tasks past global step 5")
+        assert st is not True, up.communicate()[0]  # up ended first
+        os.kill(st["tasks"][1]["pid"], signal.SIGKILL)  # no notice: the chief's periodic backup is where they go on
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    copied = re.search(r"copied the run's backup \(global step (\d+)\) from task 0 \(\S+\) to task 1 \(\S+\): "
+                       r"([\d.]+) MB in [\d.]+ s, checked by size and SHA-256", out)
+    assert copied, out
+    saved = int(copied.group(1))
+    assert saved % 4 == 0 and 4 <= saved < 36 and float(copied.group(2)) > 0, out  # mid-run
+    epoch, step = divmod(saved, 12)
+    assert f"resuming at epoch {epoch + 1} step {step + 1}" in out or (step == 0 and f"resuming at epoch {epoch + 1}"
+                                                                      in out), out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["attempts"][1]["outcome"] == "succeeded", snap["attempts"]
+    ph = snap["attempts"][1]["phases"]
+    assert ph["copy_bytes"] > 0 and ph["copy_s"] >= 0 and "backup copy" in out, ph
+    import numpy as np
+
+    w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
+    assert sorted(w0.files) == sorted(w1.files) and w0.files
+    diff = max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files)
+    assert diff <= 1e-6, f"the tasks ended with different weights (max abs diff {diff})"
+
+
+def backup_folder(root, steps_done: int = 8, data: bytes = b"weights"):
+    """A checkpoint folder as the chief leaves it: tf_keras's backup and the owner file."""
+    (root / "chief").mkdir(parents=True)
+    (root / "chief" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (root / "chief" / "ckpt-1.data-00000-of-00001").write_bytes(data)
+    (root / "owner.json").write_text(json.dumps({"run": "r1", "epoch": 1, "step": 9, "steps_done": steps_done}))
+    return root
+
+
+def test_a_hosts_listing_names_each_backup_file_with_its_size_and_sha256_and_the_owners_steps(tmp_path):
+    from worker.task.backup import held
+
+    listed = held(str(backup_folder(tmp_path / "ck")))
+    assert (listed.run, listed.steps_done, listed.folder) == ("r1", 8, str(tmp_path / "ck"))
+    import hashlib
+
+    assert listed.files["chief/ckpt-1.data-00000-of-00001"] == (7, hashlib.sha256(b"weights").hexdigest())
+    assert set(listed.files) == {"chief/checkpoint", "chief/ckpt-1.data-00000-of-00001", "owner.json"}
+    assert held(str(tmp_path / "none")).files == {}  # no folder: nothing held, no error
+
+
+def test_a_copy_is_put_in_place_only_when_every_file_matches_the_listing(tmp_path):
+    import shutil
+
+    from worker.task.backup import STAGE_PREFIX, held, install
+
+    source = held(str(backup_folder(tmp_path / "src")))
+    target = backup_folder(tmp_path / "dst", steps_done=4, data=b"older")
+    for damage, why in (("changed", "ckpt-1.data"), ("missing", "ckpt-1.data"), (None, "")):
+        stage = target / f"{STAGE_PREFIX}x"
+        shutil.copytree(tmp_path / "src", stage)
+        if damage == "changed":
+            (stage / "chief" / "ckpt-1.data-00000-of-00001").write_bytes(b"weightz")
+        elif damage == "missing":
+            (stage / "chief" / "ckpt-1.data-00000-of-00001").unlink()
+        said = install(str(target), str(stage), source)
+        assert (why in said) if why else said == "", (damage, said)
+        assert not stage.exists()  # removed, put in place or not
+        now = held(str(target))
+        if damage is not None:  # the host's own backup untouched
+            assert (now.steps_done, (target / "chief" / "ckpt-1.data-00000-of-00001").read_bytes()) == (4, b"older")
+    assert held(str(target)).files == source.files and held(str(target)).steps_done == 8
+
+
+def test_a_copy_into_a_full_disk_ends_the_run_in_one_paragraph_and_starts_no_task(cli, th, tmp_path):
+    spec = write_spec(tmp_path, th, '''entrypoint = "paced:task"
+epochs = 3
+steps_per_epoch = 12
+batch_size_per_replica = 16''', "max_restarts = 1")  # a backup at each epoch's end only
+    workdir = f"{th.disk}{tmp_path}"
+    fill = (f"cd {workdir} && head -c $(( $(df -B1 --output=avail . | tail -1) - 200000 )) /dev/zero > filler; "
+            "true")  # ENOSPC ends head once the disk is full: what is left is what the tasks still write
+    with cli.running("up", spec) as up:
+        st = wait_for(lambda: up.poll() is not None or steps(cli, 13), 240, "both tasks in epoch 2")
+        assert st is not True, up.communicate()[0]  # up ended first
+        subprocess.run(["ssh", "-F", str(th.ssh_config), th.addresses[1], fill], check=True, timeout=60)
+        os.kill(st["tasks"][1]["pid"], signal.SIGKILL)  # before the next backup, at epoch 2's end
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 1 and "Traceback" not in out, out
+    failure = status_json(cli)["failure"]
+    assert failure["kind"] == "not_started" and failure["task"] == 1 and failure["host"] == th.addresses[1], failure
+    message = failure["message"]
+    assert message.startswith(f"task 1 ({th.addresses[1]}:{PORT}): the copy of the run's backup from task 0 ("), message
+    assert f"{workdir}/.mgpu/runs/" in message and "No space left on device" in message, message
+    assert "no task was started" in message and "Free space there" in message and message in out, (message, out)
+    snap = status_json(cli)
+    assert snap["state"] == "failed" and len(snap["attempts"]) == 2, snap["attempts"]
+    assert snap["attempts"][1]["outcome"] == "failed" and not any(t["attempt"] == 1 for t in snap["tasks"]), snap
