@@ -232,6 +232,18 @@ def down(run: Optional[str] = RunArg):
     runs.down(_which(run))
 
 @command()
+def fetch(
+    run: Optional[str] = RunArg,
+    out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
+                                       help="Where to write it (default: ./model-RUN.keras)."),
+):
+    """Copy the model a run's chief saved (model.keras on its host) here, checked by size and SHA-256."""
+    from launcher.fetch import fetch as fetch_model
+
+    fetch_model(_which(run), out, _say)
+
+
+@command()
 def rm(runs: list[str] = typer.Argument(..., help="Run ids ('ls' lists them).", show_default=False, metavar="RUN")):
     """Remove the records of ended runs (a live run is refused); a local run's checkpoint and model are kept."""
     from launcher import listing

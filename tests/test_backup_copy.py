@@ -5,6 +5,7 @@ SHA-256, before any task starts; the group resumes at the saved step and ends wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -105,6 +106,16 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "max_restarts = 1")
     diff = max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files)
     assert diff <= 1e-6, f"the tasks ended with different weights (max abs diff {diff})"
 
+    # the model the chief saved on its own disk, fetched here whole
+    saved_at = re.search(r"task0 \S+ \| done: fit took [\d.]+s; model saved to (\S+)", out)
+    assert saved_at and saved_at.group(1).startswith(f"{th.disk}{tmp_path}/"), out
+    there = subprocess.run(["ssh", "-F", str(th.ssh_config), th.addresses[0], "sha256sum", saved_at.group(1)],
+                           capture_output=True, text=True, timeout=60).stdout.split()[0]
+    r = cli("fetch", "-o", tmp_path / "model.keras", timeout=120)
+    assert r.returncode == 0 and "SHA-256 checked" in r.stderr, r.stdout + r.stderr
+    assert hashlib.sha256((tmp_path / "model.keras").read_bytes()).hexdigest() == there
+    assert not list(tmp_path.glob(".model.keras.*")), "a partial file was left"
+
 
 def backup_folder(root, steps_done: int = 8, data: bytes = b"weights"):
     """A checkpoint folder as the chief leaves it: tf_keras's backup and the owner file."""
@@ -120,8 +131,6 @@ def test_a_hosts_listing_names_each_backup_file_with_its_size_and_sha256_and_the
 
     listed = held(str(backup_folder(tmp_path / "ck")))
     assert (listed.run, listed.steps_done, listed.folder) == ("r1", 8, str(tmp_path / "ck"))
-    import hashlib
-
     assert listed.files["chief/ckpt-1.data-00000-of-00001"] == (7, hashlib.sha256(b"weights").hexdigest())
     assert set(listed.files) == {"chief/checkpoint", "chief/ckpt-1.data-00000-of-00001", "owner.json"}
     assert held(str(tmp_path / "none")).files == {}  # no folder: nothing held, no error
@@ -174,3 +183,7 @@ batch_size_per_replica = 16''', "max_restarts = 1")  # a backup at each epoch's 
     snap = status_json(cli)
     assert snap["state"] == "failed" and len(snap["attempts"]) == 2, snap["attempts"]
     assert snap["attempts"][1]["outcome"] == "failed" and not any(t["attempt"] == 1 for t in snap["tasks"]), snap
+    r = cli("fetch", timeout=120)  # a run that never ended its training has no model
+    assert r.returncode == 1 and "no saved model to fetch from task 0" in r.stderr and "Traceback" not in r.stderr, \
+        r.stdout + r.stderr
+    assert not list(tmp_path.glob("*.keras")) and not list(tmp_path.glob(".*.partial"))

@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 from conftest import write_spec
 
-COMMANDS = ["check", "up", "ls", "status", "logs", "stacks", "report", "dashboard", "down", "rm", "prune", "render", "tf-config", "schema"]
+COMMANDS = ["check", "up", "ls", "status", "logs", "stacks", "report", "dashboard", "down", "fetch", "rm", "prune", "render", "tf-config", "schema"]
 
 
 def help_of(*args) -> str:
@@ -28,7 +28,7 @@ def test_help_version_order_and_metavars():
         usage = text.splitlines()[0]
         assert not re.search(r"\[?<?[a-z]+>?\]?$", usage.split("[OPTIONS]")[-1].strip()), usage  # SPEC, [RUN]
         assert not re.search(r"--[a-z-]+ (<[a-z]+>|INTEGER|TEXT|PATH)", text), (command, text)
-    for command in ("report", "render"):
+    for command in ("report", "render", "fetch"):
         assert "-o, --output" in help_of(command, "-h")
     assert "-n, --tail K" in help_of("logs", "-h")
 

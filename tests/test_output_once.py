@@ -271,3 +271,31 @@ def test_the_summary_tail_shows_what_the_screen_did_not_without_start_up_chatter
     assert tail and not any(is_noise(line) for line in tail), paragraph
     failure = status_json(cli)["failure"]
     assert not any(is_noise(line) for line in failure["tail"]) and failure["tail"][-1].startswith("ValueError")
+
+
+def test_a_line_of_ours_reaches_an_unbuffered_stdout_in_one_write(monkeypatch):
+    """With PYTHONUNBUFFERED (as under the tests' and many users' shells) each write of the text layer is a write
+    to the fd: print() makes two (the text, then its newline) and a C++ library's line (gloo's) landed between
+    them on a loaded machine; worker.lines.say makes one."""
+    import io
+
+    from worker.lines import say
+
+    class Fd(io.RawIOBase):
+        def __init__(self):
+            self.writes = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes.append(bytes(b))
+            return len(b)
+
+    fd = Fd()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(fd, write_through=True))  # what -u makes of stdout
+    print("task 1 of 2 (worker): DataParallel (jax)", flush=True)
+    assert len(fd.writes) == 2, fd.writes  # the reason for say()
+    fd.writes.clear()
+    say("task 1 of 2 (worker): DataParallel (jax)")
+    assert fd.writes == [b"task 1 of 2 (worker): DataParallel (jax)\n"]

@@ -17,6 +17,7 @@ from worker.data import counts_over_workers
 from worker.entrypoint import WorkerError
 from worker.host.env import RUN_ID
 from worker.startpoint import FINISHED, Found, Refused, StartPoint
+from worker.lines import say
 
 
 class Preempted(Exception):
@@ -102,7 +103,7 @@ def tell_finished(barrier: Callable[[], object], chief: bool, checkpoint_dir: st
             json.dump({"run": run_id()}, f)
         os.replace(f"{path}.partial", path)
     except OSError as exc:
-        _say(f"note: cannot write {path} ({exc.strerror or exc}): the backup stays, so a restart of this run "
+        say(f"note: cannot write {path} ({exc.strerror or exc}): the backup stays, so a restart of this run "
              "resumes after its last step")
         return
     shutil.rmtree(backup_dir, ignore_errors=True)
@@ -201,7 +202,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
                     context.context().set_config_key_value(f"{NOTICE_KEY}/ack/{info.task_id}",
                                                            "1")
             except Exception as exc:  # noqa: BLE001 (the cluster is going away)
-                _say(f"notice watcher stopped: {exc}")
+                say(f"notice watcher stopped: {exc}")
 
         def _claim(self, step: int) -> None:
             if not info.multi_worker:
@@ -221,10 +222,10 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
                 self._noticed = True
                 on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
                 if not notice.is_set():  # (the supervisor reads progress.json when a line comes)
-                    _say(f"notice from another worker: saving with every worker at global step {self.target}")
+                    say(f"notice from another worker: saving with every worker at global step {self.target}")
             if notice.is_set() and not self._claimed:
                 self._claimed = True
-                _say(f"notice (SIGTERM) at global step {step}: saving with every worker")
+                say(f"notice (SIGTERM) at global step {step}: saving with every worker")
                 self._claim(step)
             if self.target is not None and step >= self.target:
                 self._backup(epoch=self._current_epoch, batch=batch)
@@ -255,5 +256,3 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
     return [backup, keras.callbacks.LambdaCallback(on_train_batch_end=stop)]
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)

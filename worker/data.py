@@ -7,6 +7,7 @@ import os
 
 from worker.host import env
 from worker.entrypoint import DataContext, Task, WorkerError, first_set
+from worker.lines import say
 
 
 def _count(tf, dataset) -> int:
@@ -15,7 +16,7 @@ def _count(tf, dataset) -> int:
         raise WorkerError("train_data is infinite: give Task.steps_per_epoch or --steps-per-epoch")
     if cardinality >= 0:
         return cardinality
-    print("counting the training examples once (set steps_per_epoch to skip this)", flush=True)
+    say("counting the training examples once (set steps_per_epoch to skip this)")
     return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
 

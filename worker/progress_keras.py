@@ -4,7 +4,6 @@ so that importing this module does not import TensorFlow (`callback_class(keras)
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Callable
 
@@ -12,10 +11,7 @@ from worker.host import env
 from worker.host.modules import remember
 from worker.progress import ProgressWriter, number, format_epoch_line, training_rate
 from worker.protocol import ProgressState
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
+from worker.lines import say
 
 
 def callback_class(keras=None):
@@ -43,7 +39,7 @@ def callback_class(keras=None):
                      epochs: int | None = None, steps_per_epoch: int | None = None,
                      global_batch_size: int | None = None, interval: float | None = None,
                      mark_done_on_train_end: bool = True,
-                     log: Callable[[str], None] | None = _say, clock=None):
+                     log: Callable[[str], None] | None = say, clock=None):
             super().__init__()
             if writer is None:
                 if run_dir == "":

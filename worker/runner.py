@@ -25,6 +25,7 @@ from worker.progress import ProgressWriter
 from worker.protocol import ProgressState
 from worker.startpoint import look
 from worker.strategy import cluster_from_env, task_id_from_env
+from worker.lines import say
 
 __all__ = ["DataContext", "EntrypointError", "Preempted", "RunConfig", "Task", "WorkerError",
            "input_pipelines", "load_entrypoint", "resolve_entrypoint", "run", "save_model",
@@ -124,10 +125,6 @@ def learning_rate_for(keras, base: float, replicas: int, scale: bool, warmup_ste
     return keras.optimizers.schedules.PolynomialDecay(
         initial_learning_rate=base, decay_steps=warmup_steps, end_learning_rate=target,
         power=1.0)
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 def run(config: RunConfig) -> dict:

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+from typing import Any, BinaryIO, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
 from launcher.spec import ClusterSpec
@@ -282,6 +282,11 @@ class Inspecting(ABC):
     @abstractmethod
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """Run a short command on task `index`'s host, in its folder: (exit code, stdout, stderr)."""
+
+    def open_file(self, index: int, path: str) -> BinaryIO:
+        """A file on task `index`'s host (an absolute path, as `call` there gives it) to read; here by default
+        (a local host, or a scheduler's shared folder)."""
+        return open(path, "rb")
 
     @abstractmethod
     def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:

@@ -12,6 +12,7 @@ from worker.checkpoints import Preempted, backed_up, keeps_backup, notice
 from worker.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
 from worker.startpoint import BACKUPS
+from worker.lines import say
 
 BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's: worker.checkpoints.TF_BACKUP)
 
@@ -59,7 +60,7 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
             if notice.is_set() and not self.said:
                 self.said = True
                 on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
-                print("notice (SIGTERM): stopping with every task at the end of this epoch", flush=True)
+                say("notice (SIGTERM): stopping with every task at the end of this epoch")
 
         def on_epoch_end(self, epoch, logs=None):
             noticed = group.gather(int(notice.is_set()))  # after the chief's backup of this epoch

@@ -26,7 +26,8 @@ from worker.progress_keras import callback_class
 from worker.protocol import ProgressState
 from worker.startpoint import look
 from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, nothing_left, save_model,
-                           say, settings)
+                           settings)
+from worker.lines import say
 
 
 def import_keras3() -> Any:

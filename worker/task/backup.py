@@ -1,8 +1,9 @@
 """A host's copy of a run's backup, for restarts with nothing shared (an on-host entry the launcher runs over
 SSH): `list FOLDER` prints what the checkpoint folder holds (the owner file's word, each backup file's size and
 SHA-256); `install FOLDER STAGE` takes a copy the launcher wrote into STAGE, checks every file against the
-listing it sends on stdin, and puts it in place of the folder's backup, whole or not at all. Standard library
-only; the folder's files are untrusted (an owner file is read as startpoint reads it)."""
+listing it sends on stdin, and puts it in place of the folder's backup, whole or not at all; `file PATH` gives
+one file's size and SHA-256 (`fetch` of the saved model). Standard library only; the folder's files are
+untrusted (an owner file is read as startpoint reads it)."""
 
 from __future__ import annotations
 
@@ -108,15 +109,31 @@ def install(folder: str, stage: str, want: Held) -> str:
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def one_file(path: str) -> dict[str, object]:
+    """A file as `fetch` copies it (the chief's saved model): where it is, its size and SHA-256, or why not."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        if not os.path.isfile(path):
+            return {"path": path, "error": "no such file"}
+        return {"path": path, "size": os.path.getsize(path), "sha256": sha256(path)}
+    except OSError as exc:
+        return {"path": path, "error": exc.strerror or str(exc)}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "list":
         print(held(argv[1]).to_json())
         return 0
+    if len(argv) >= 2 and argv[0] == "file":
+        said = one_file(argv[1])
+        print(json.dumps(said))
+        return 1 if "error" in said else 0
     if len(argv) >= 3 and argv[0] == "install" and os.path.basename(argv[2]).startswith(STAGE_PREFIX):
         why = install(argv[1], argv[2], Held.from_json(sys.stdin.read()))
         print(json.dumps({"error": why}))
         return 0 if not why else 1
-    print("usage: python -m worker.task.backup list FOLDER | install FOLDER STAGE < LISTING", file=sys.stderr)
+    print("usage: python -m worker.task.backup list FOLDER | install FOLDER STAGE < LISTING | file PATH",
+          file=sys.stderr)
     return 2
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from launcher.engines.base import (BackupCopy, Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink,
                                    TaskCheck, parallel)
@@ -112,6 +112,9 @@ class SupervisedEngine(Engine, Launching, Inspecting):
 
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:
         return self.transports[index].call(self.plan[index], argv, timeout)
+
+    def open_file(self, index: int, path: str) -> BinaryIO:
+        return self.transports[index].open_file(path)
 
     def read_log(self, index: int, offset: int, tail: int | None = None) -> tuple[bytes, int]:
         plan = self.plan[index]
