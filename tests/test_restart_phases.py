@@ -290,3 +290,10 @@ def test_the_report_places_each_restarts_phases_and_leaves_out_damaged_ones():
     assert "bogus" not in restart["phases"] and "failed_at" not in restart["phases"]
     assert restart["line"].startswith("restart 1 took 3.6 s: detected 0.2 s") and "3 step(s) redone" in restart["line"]
     assert restart["line"] in report.notes(data)
+
+    # a restart whose backup was copied to a host that lacked it (SSH hosts): the copy comes before the spawn
+    run["attempts"][1]["phases"].update(copy_s=0.9, copy_bytes=1_000_000)
+    (restart,) = series.build(run, [])["restart_phases"]
+    spans = {p["name"]: (round(p["start"], 3), round(p["end"], 3)) for p in restart["parts"]}
+    assert (spans["backup copy"], spans["spawn"], spans["first step"]) == ((16.1, 17.0), (17.0, 17.3), (17.3, 19.3))
+    assert "teardown 1.0 s, backup copy 0.9 s, spawn 0.3 s" in restart["line"], restart["line"]

@@ -118,8 +118,8 @@ def _numbers(value) -> list[int]:
 
 def restarts(run: dict, clock: Clock) -> list[dict]:
     """Each restarted attempt's phases (launcher.run.phases), as recorded: its parts placed on the time axis
-    (detected from the failing task's end, teardown up to the attempt before's end, spawn and first step from
-    its own start, the steps redone from its first step until it was back at the step reached: `estimated`
+    (detected from the failing task's end, teardown up to the attempt before's end, the backup copy, spawn and
+    first step from its own start, the steps redone from its first step until it was back at the step reached: `estimated`
     where back_s is), and its line of words (the epochs saved but never told are the restart's event)."""
     found, before = [], None
     for a in items(run.get("attempts")):
@@ -132,11 +132,13 @@ def restarts(run: dict, clock: Clock) -> list[dict]:
         before = a
         if not number or start is None or not ph:
             continue
-        spawned = start + ph.get("spawn_s", 0.0)
+        copied = start + ph.get("copy_s", 0.0)  # the backup brought to every host before the spawn (SSH hosts)
+        spawned = copied + ph.get("spawn_s", 0.0)
         marks = [("detected", ph.get("failed_at"), ph.get("detected_s")),
                  ("teardown", prev_end - ph["teardown_s"] if prev_end and "teardown_s" in ph else None,
                   ph.get("teardown_s")),
-                 ("spawn", start, ph.get("spawn_s")), ("first step", spawned, ph.get("first_step_s"))]
+                 ("backup copy", start, ph.get("copy_s")), ("spawn", copied, ph.get("spawn_s")),
+                 ("first step", spawned, ph.get("first_step_s"))]
         if "back_s" in ph and "failed_at" in ph and "first_step_s" in ph:  # its first step until back where it was
             stepped = spawned + ph["first_step_s"]
             marks.append(("steps redone", stepped, ph["failed_at"] + ph["back_s"] - stepped))
