@@ -26,7 +26,7 @@ PACE_S = 0.15  # a step at least: a kill lands mid-run whatever the machine's sp
 @pytest.fixture(scope="module")
 def th(tmp_path_factory):
     folder = tmp_path_factory.mktemp("diskhosts")
-    yield from namespace_hosts(2, folder, disk=str(folder / "disk"))
+    yield from namespace_hosts(3, folder, disk=str(folder / "disk"))
 
 
 @pytest.fixture
@@ -38,14 +38,14 @@ def cli(tmp_path, th):
     assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
-def write_spec(tmp_path, th, training: str, launch: str = "") -> os.PathLike:
-    """Two hosts, each with its workdir on its own disk (its path holds the test's folder: the orphan check finds
+def write_spec(tmp_path, th, training: str, launch: str = "", n: int = 2) -> os.PathLike:
+    """`n` hosts, each with its workdir on its own disk (its path holds the test's folder: the orphan check finds
     the run's processes by it)."""
     workdir = f"{th.disk}{tmp_path}"
-    for address in th.addresses:  # on each host's own disk, with the paced digits example in it
+    for address in th.addresses[:n]:  # on each host's own disk, with the paced digits example in it
         subprocess.run(["ssh", "-F", str(th.ssh_config), address, f"mkdir -p {workdir} && cat > {workdir}/paced.py"],
                        input=paced_source(PACE_S).encode(), check=True, timeout=60)
-    hosts = "".join(f'[[hosts]]\naddress = "{a}"\nport = {PORT}\n' for a in th.addresses)
+    hosts = "".join(f'[[hosts]]\naddress = "{a}"\nport = {PORT}\n' for a in th.addresses[:n])
     spec = tmp_path / "cluster.toml"
     spec.write_text(f'''[defaults]
 python = "{PY}"
@@ -115,6 +115,29 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "max_restarts = 1")
     assert r.returncode == 0 and "SHA-256 checked" in r.stderr, r.stdout + r.stderr
     assert hashlib.sha256((tmp_path / "model.keras").read_bytes()).hexdigest() == there
     assert not list(tmp_path.glob(".model.keras.*")), "a partial file was left"
+
+
+def test_a_shrink_that_lost_the_only_backup_with_its_host_says_so_and_starts_again(cli, th, tmp_path):
+    """min_hosts = 2 of 3, the chief's host crashed after its first backup: no live host holds one (nothing was
+    copied before the failure yet), and the run says it starts again from its first step, then succeeds."""
+    spec = write_spec(tmp_path, th, '''entrypoint = "paced:task"
+epochs = 2
+steps_per_epoch = 12
+batch_size_per_replica = 16''', "min_hosts = 2", n=3)
+    try:
+        with cli.running("up", spec) as up:
+            st = wait_for(lambda: up.poll() is not None or steps(cli, 13), 240, "every task in epoch 2")
+            assert st is not True, up.communicate()[0]  # up ended first
+            th.crash(0)  # the chief's host, and its disk with the only backup
+            out, _ = up.communicate(timeout=300)
+    finally:
+        th.revive(0)
+    assert up.returncode == 0, out
+    assert f"task 0 ({th.addresses[0]}:{PORT}) is left out" in out, out
+    assert "no live host holds a backup of this run: the group starts again from its first step" in out, out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [0], snap
+    assert "copy_bytes" not in snap["attempts"][1]["phases"] or snap["attempts"][1]["phases"]["copy_bytes"] == 0
 
 
 def backup_folder(root, steps_done: int = 8, data: bytes = b"weights"):

@@ -195,11 +195,11 @@ class Engine(ABC):
 @dataclass(frozen=True)
 class BackupCopy:
     """What a restart's copy of the run's backup did (checkpoints with nothing shared): the task whose host's copy
-    was the truth and the global steps it holds, the tasks whose hosts were given a copy (or already held the same
-    bytes), the bytes copied and the seconds it took; `error` (with the task and host it concerns) where a copy
-    could not be made, and then no task starts."""
+    was the truth (None: no live host holds a backup of the run) and the global steps it holds, the tasks whose
+    hosts were given a copy (or already held the same bytes), the bytes copied and the seconds it took; `error`
+    (with the task and host it concerns) where a copy could not be made, and then no task starts."""
 
-    source: int
+    source: int | None
     steps_done: int | None
     copied: tuple[int, ...] = ()
     same: tuple[int, ...] = ()

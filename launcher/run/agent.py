@@ -196,7 +196,10 @@ class Agent:
             self.end_attempt(Outcome.FAILED, failure.message, failure)
             raise RunFailed(told_once(failure, self.out))
         self.marks.copied(copy)
-        if copy.copied:
+        if copy.source is None and self.marks.reached > 0:
+            self.out.say("no live host holds a backup of this run: the group starts again from its first step (each "
+                         "host keeps its own checkpoint folder, and a backup on a lost host is lost with it)")
+        elif copy.copied and copy.source is not None:
             self.out.say(phases.copy_line(copy, [watch.label(self.run, i) for i in copy.copied],
                                           watch.label(self.run, copy.source)))
 

@@ -95,9 +95,9 @@ def _not_copied(source: Place, target: Place, exc: Exception) -> str:
 
 
 def share(spec: ClusterSpec, run_id: str, plans: list[TaskPlan], transports: dict[int, Transport]) -> BackupCopy | None:
-    """Every live host's folder holds the run's newest backup (BackupCopy: what was done, or the error); None
-    where no host holds a backup of this run (the tasks start fresh, or refuse what they find) or the run's
-    tasks are a command of the user's (its checkpoints are its own)."""
+    """Every live host's folder holds the run's newest backup (BackupCopy: what was done, or the error; its source
+    None where no live host holds one: the tasks start fresh, or refuse what they find); None where the tasks
+    read one folder here or are a command of the user's (its checkpoints are its own)."""
     if spec.training.entrypoint is None or _one_folder_here(spec, plans, run_id):
         return None
     t0 = time.monotonic()
@@ -115,7 +115,7 @@ def share(spec: ClusterSpec, run_id: str, plans: list[TaskPlan], transports: dic
         places.setdefault((id(transport), res.value.folder), Place(plan, transport, res.value))
     source = newest(list(places.values()), run_id)
     if source is None:
-        return None
+        return BackupCopy(source=None, steps_done=None, seconds=round(time.monotonic() - t0, 3))
     copied, same, sent = [], [], 0
     for place in places.values():
         if place.held.files == source.held.files:
