@@ -117,6 +117,28 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "max_restarts = 1")
     assert not list(tmp_path.glob(".model.keras.*")), "a partial file was left"
 
 
+def test_a_checkpoint_folder_every_host_shares_is_checked_and_nothing_is_copied(cli, th, tmp_path):
+    """checkpoint_dir on storage both hosts see (outside their own disks, as on NFS): at the restart each host
+    lists the same bytes, and the run says that nothing was copied."""
+    spec = write_spec(tmp_path, th, f'''entrypoint = "paced:task"
+epochs = 2
+steps_per_epoch = 12
+batch_size_per_replica = 16
+checkpoint_every_steps = 4
+checkpoint_dir = "{tmp_path / 'shared'}"''', "max_restarts = 1")
+    with cli.running("up", spec) as up:
+        st = wait_for(lambda: up.poll() is not None or steps(cli, 5), 240, "both tasks past global step 5")
+        assert st is not True, up.communicate()[0]  # up ended first
+        os.kill(st["tasks"][1]["pid"], signal.SIGKILL)
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    said = re.search(r"every host holds the run's backup \(global step (\d+)\) already, the same bytes \(shared "
+                     r"storage\): nothing copied", out)
+    assert said and int(said.group(1)) % 4 == 0 and "copied the run's backup" not in out, out
+    ph = status_json(cli)["attempts"][1]["phases"]
+    assert ph["copy_bytes"] == 0 and "backup copy" in out, ph
+
+
 def test_a_shrink_that_lost_the_only_backup_with_its_host_says_so_and_starts_again(cli, th, tmp_path):
     """min_hosts = 2 of 3, the chief's host crashed after its first backup: no live host holds one (nothing was
     copied before the failure yet), and the run says it starts again from its first step, then succeeds."""

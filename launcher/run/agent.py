@@ -202,6 +202,9 @@ class Agent:
         elif copy.copied and copy.source is not None:
             self.out.say(phases.copy_line(copy, [watch.label(self.run, i) for i in copy.copied],
                                           watch.label(self.run, copy.source)))
+        elif len(copy.same) > 1:
+            self.out.say(f"every host holds the run's backup (global step {copy.steps_done}) already, the same bytes "
+                         f"(shared storage): nothing copied ({copy.seconds:.1f} s to check)")
 
     def follow(self, live: LiveAttempt) -> Failure | None:
         """The attempt's events until it ends: its failure, or None (every task succeeded, or a preemption's
