@@ -14,9 +14,9 @@ from launcher.errors import RunFailed
 from launcher.plan import run_root
 from launcher.run import record
 from launcher.runs import inspector
+from worker.host import layout
 from worker.host.spawn import module_argv
 
-MODEL = "model.keras"  # what the built-in runners save in the run's folder (worker.runner, worker.keras3.runner)
 CALL_TIMEOUT_S = 300.0  # hashing a large model takes a while
 CHUNK = 1 << 20
 
@@ -29,7 +29,7 @@ def fetch(run_id: str | None, out: Path | None, say) -> Path:
         chief = run.attempts[-1].tasks[0] if run.attempts and run.attempts[-1].tasks else 0
         plan = engine.plan[chief]
         where = f"task {chief} ({plan.host.label})"
-        path = f"{run_root(plan.host, run.run_id)}/{MODEL}"
+        path = f"{run_root(plan.host, run.run_id)}/{layout.MODEL}"
         code, text, err = engine.call(chief, module_argv(plan.python, "worker.task.backup") + ["file", path],
                                       CALL_TIMEOUT_S)
         try:

@@ -66,6 +66,12 @@ def run_root(host: Host, run_id: str) -> str:
     return layout.run_root("", run_id)
 
 
+def checkpoint_folder(spec: ClusterSpec, host: Host, run_id: str) -> str:
+    """A task's checkpoint folder as the built-in runner finds it (relative to its folder): the spec's, else the
+    run's on its host."""
+    return spec.training.checkpoint_dir or layout.checkpoint_dir(run_root(host, run_id))
+
+
 def host_env(host: Host) -> dict[str, str]:
     """What the launcher gives a task of this host besides the contract: its GPUs, and the spec's env."""
     return {**visible_devices(host.gpus), **(host.env or {})}

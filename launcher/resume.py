@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.engines.base import EngineKind, TaskCheck
 from launcher.errors import PreflightError, RunCorrupt, RunNotFound, SpecError
 from launcher.listing import past_preflight, run_ids
-from launcher.plan import SECRET, plan_tasks, run_root
+from launcher.plan import SECRET, checkpoint_folder, plan_tasks, run_root
 from launcher.run import files, record
 from launcher.run.progress import typed
 from launcher.run.states import RunState
@@ -173,8 +173,7 @@ def resume_hint(spec: ClusterSpec, spec_path: Path, run: record.RunRecord) -> st
     saved = False
     for plan in plan_tasks(spec, run.run_id):  # where each local task keeps its checkpoint, as the runner does
         if plan.host.is_local:
-            folder = (os.path.expanduser(spec.training.checkpoint_dir) if spec.training.checkpoint_dir
-                      else layout.checkpoint_dir(run_root(plan.host, run.run_id)))
+            folder = os.path.expanduser(checkpoint_folder(spec, plan.host, run.run_id))
             saved = saved or look_first([os.path.join(plan.cwd or os.getcwd(), folder)]).backup
     if not any(h.is_local for h in spec.hosts):  # a remote backup is written at each epoch's end at least
         saved = any((typed(t.progress).get("epoch") or 0) > 1 for t in run.tasks)

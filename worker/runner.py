@@ -292,12 +292,12 @@ def save_model(model, model_dir: str, chief: bool | None = None) -> str | None:
     if not chief:
         scratch = tempfile.mkdtemp(prefix="mgpu-model-")
         try:
-            model.save(os.path.join(scratch, "model.keras"))
+            model.save(os.path.join(scratch, layout.MODEL))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
     os.makedirs(model_dir, exist_ok=True)
-    final = os.path.join(model_dir, "model.keras")
+    final = os.path.join(model_dir, layout.MODEL)
     partial = os.path.join(model_dir, f".model-{os.getpid()}.partial.keras")
     model.save(partial)
     os.replace(partial, final)

@@ -53,13 +53,13 @@ class Agent:
 
     def job_known(self, job: dict) -> None:
         """A scheduler's job for the run (its id while it waits in the queue): recorded at once."""
-        self.run.job = job
+        self.run.job_known(job)
         self.owner.save()
 
     def standby_known(self, index: int, standby: StandbyState | None) -> None:
         """A task's standby as its engine last heard of it (on the engine's thread: the next save keeps it)."""
         if not self.run.ended:
-            self.run.task(index).standby = standby
+            self.run.task(index).standby_is(standby)
 
     def note_known(self, index: int, text: str) -> None:
         """A line about a task, shown as the task's: its supervisor's Note, or one from outside its attempt (its
@@ -72,7 +72,7 @@ class Agent:
         run = self.run
         try:
             while not self.next_after(self.attempt(run.attempt)):
-                run.attempt += 1
+                run.next_attempt()
         except KeyboardInterrupt:
             why = interrupts.reason()
             if (run_path(run.run_id) / "down.request").exists():
@@ -97,7 +97,7 @@ class Agent:
             run.set_state(RunState.SUCCEEDED)
             return True
         if ended.outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
-            run.preemptions += 1
+            run.preempted_again()
             self.out.say(f"attempt {ended.number} was preempted: {reason}")
             self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
                             "against max_restarts); it resumes from its last checkpoint")
@@ -107,7 +107,7 @@ class Agent:
             self.restarting(f"going on with {len(self.engine.plans)} task(s) ({left}); they resume from the "
                             "last checkpoint with a new TF_CONFIG")
         elif ended.outcome == Outcome.FAILED and not final and run.restarts < launch.max_restarts:
-            run.restarts += 1
+            run.restarted()
             self.out.say(f"attempt {ended.number} failed: {self.told(ended)}")
             self.restarting(f"restarting the whole group (restart {run.restarts} of {launch.max_restarts}) "
                             "after that failure; it resumes from its last checkpoint")
@@ -143,10 +143,9 @@ class Agent:
         if not gone or len(left) < min_hosts:
             return False
         for i in gone:
-            self.run.task(i).left_out()
-            self.run.hosts_lost.append(i)
+            self.run.host_lost(i)
             self.out.say(f"{watch.label(self.run, i)} is left out: {answers[i].error}")
-        ended.outcome = Outcome.SHRUNK
+        ended.shrunk()
         self.engine.close()
         self.engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
         self.listen(self.engine)
@@ -158,8 +157,8 @@ class Agent:
         run = self.run
         run.set_state(RunState.STARTING)
         tasks = [p.index for p in self.engine.plans]
-        run.attempts.append(Attempt(number=number, started_at=time.time(), tasks=tasks))
-        self.marks, self.carried = phases.Phases(run.attempts[-1], self.carried, phases.reached(run)), {}
+        begun = run.begin_attempt(tasks)
+        self.marks, self.carried = phases.Phases(begun, self.carried, phases.reached(run)), {}
         if number > 0:
             self.share_backup()
         for i in tasks:

@@ -97,6 +97,10 @@ class TaskRecord:
         """An elastic run goes on without it: its host no longer answers."""
         self.state = TaskState.LOST
 
+    def standby_is(self, standby: StandbyState | None) -> None:
+        """Its standby as its engine last heard of it."""
+        self.standby = standby
+
     def stopped_unless_ended(self) -> None:
         """After a teardown no task is pending or running."""
         if self.state in (TaskState.PENDING, TaskState.RUNNING):
@@ -124,6 +128,10 @@ class Attempt:
             return False
         self.ended_at, self.outcome, self.reason, self.failure = time.time(), outcome, reason, failure
         return True
+
+    def shrunk(self) -> None:
+        """It failed by losing hosts, and the run goes on without them: its outcome says so."""
+        self.outcome = AttemptOutcome.SHRUNK
 
     def measured(self, name: str, value: float | list[str] | list[int]) -> None:
         """One of its phases (launcher.run.phases computes them; this is where they are kept)."""
@@ -180,6 +188,29 @@ class RunRecord:
         if state.ended:  # its launcher stops them as it exits (the engine's close)
             for t in self.tasks:
                 t.standby = None
+
+    def job_known(self, job: dict) -> None:
+        """A scheduler's job for the run (its id while it waits in the queue)."""
+        self.job = job
+
+    def begin_attempt(self, tasks: list[int]) -> Attempt:
+        """Attempt `self.attempt` begins with these tasks: its record."""
+        self.attempts.append(Attempt(number=self.attempt, started_at=time.time(), tasks=tasks))
+        return self.attempts[-1]
+
+    def next_attempt(self) -> None:
+        self.attempt += 1
+
+    def preempted_again(self) -> None:
+        self.preemptions += 1
+
+    def restarted(self) -> None:
+        self.restarts += 1
+
+    def host_lost(self, index: int) -> None:
+        """An elastic run goes on without task `index`: its host no longer answers."""
+        self.task(index).left_out()
+        self.hosts_lost.append(index)
 
     def mark(self, phase: str, at: float | None = None) -> None:
         """When the run's phase `phase` began: its first time only."""

@@ -63,6 +63,9 @@ def local_run_root(record_dir: Path) -> Path:
     return record_dir.joinpath(*LOCAL_HOSTS)
 
 
+MODEL = "model.keras"  # the built-in runners' saved model, in the run's folder (the chief's)
+
+
 def checkpoint_dir(root: P) -> P:
     """The built-in runner's checkpoint folder, beside the task folders (its default)."""
     return _join(root, CHECKPOINT)

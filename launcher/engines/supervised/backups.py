@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 from launcher.engines.base import BackupCopy, Result, parallel
 from launcher.engines.supervised.transport import Transport
-from launcher.plan import TaskPlan, run_root
+from launcher.plan import TaskPlan, checkpoint_folder
 from launcher.spec import ClusterSpec
-from worker.host import layout
 from worker.host.spawn import module_argv
 from worker.task.backup import STAGE_PREFIX, Held
 
@@ -35,13 +34,8 @@ class Place:
     held: Held
 
 
-def folder(spec: ClusterSpec, plan: TaskPlan, run_id: str) -> str:
-    """The task's checkpoint folder as its runner finds it (relative to its folder): the spec's, else the run's."""
-    return spec.training.checkpoint_dir or layout.checkpoint_dir(run_root(plan.host, run_id))
-
-
 def _list(spec: ClusterSpec, plan: TaskPlan, transport: Transport, run_id: str) -> Held:
-    code, out, err = transport.call(plan, module_argv(plan.python, MODULE) + ["list", folder(spec, plan, run_id)],
+    code, out, err = transport.call(plan, module_argv(plan.python, MODULE) + ["list", checkpoint_folder(spec, plan.host, run_id)],
                                     LIST_TIMEOUT_S)
     if code != 0:
         raise OSError(f"listing its checkpoint folder failed (exit {code}): {(err or out).strip()[-300:]}")
@@ -54,7 +48,7 @@ def _list(spec: ClusterSpec, plan: TaskPlan, transport: Transport, run_id: str) 
 def _one_folder_here(spec: ClusterSpec, plans: list[TaskPlan], run_id: str) -> bool:
     """Every task runs on this machine and reads one folder: nothing to list or copy."""
     return all(p.host.is_local for p in plans) and len(
-        {os.path.normpath(os.path.join(p.cwd or os.getcwd(), os.path.expanduser(folder(spec, p, run_id))))
+        {os.path.normpath(os.path.join(p.cwd or os.getcwd(), os.path.expanduser(checkpoint_folder(spec, p.host, run_id))))
          for p in plans}) == 1
 
 
