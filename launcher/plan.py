@@ -10,7 +10,7 @@ from launcher.home import run_folder
 from launcher.spec import ClusterSpec, Host
 from launcher.specbase import SECRET
 from worker.host import layout
-from worker.host.env import Backend, endpoint, task_environment, visible_devices
+from worker.host.env import Backend, endpoint, keeps_spare, task_environment, visible_devices
 from worker.host.spawn import module_argv
 from worker.task.program import Program
 
@@ -129,7 +129,8 @@ def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) ->
             cwd=(os.path.expanduser(host.workdir) if host.workdir else spec.folder) if host.is_local else host.workdir,
             argv=argv,
             env=task_environment(host_env(host), workers, rank, run_id, run_dir, index=i, backend=spec.training.backend,
-                                 cpu_devices=cpu_devices(spec, gpus_named)),
+                                 cpu_devices=cpu_devices(spec, gpus_named),
+                                 spare=spec.training.entrypoint is not None and keeps_spare(workers, rank)),
             grace=spec.launch.stop_grace, preempt_grace=spec.launch.preempt_grace,
             warm=warm(spec) and Program.parse(argv) is not None,
         ))

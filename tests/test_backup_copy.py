@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import Cli, latest_state, namespace_hosts, reap, status_json, wait_for, wait_gone
+from conftest import Cli, latest_state, namespace_hosts, need, reap, status_json, wait_for, wait_gone
 from shared_runs import paced_source
 
 PY = sys.executable
@@ -99,12 +99,7 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "max_restarts = 1")
     assert snap["state"] == "succeeded" and snap["attempts"][1]["outcome"] == "succeeded", snap["attempts"]
     ph = snap["attempts"][1]["phases"]
     assert ph["copy_bytes"] > 0 and ph["copy_s"] >= 0 and "backup copy" in out, ph
-    import numpy as np
-
-    w0, w1 = np.load(weights / "w-0.npz"), np.load(weights / "w-1.npz")
-    assert sorted(w0.files) == sorted(w1.files) and w0.files
-    diff = max(float(np.max(np.abs(w0[k] - w1[k]))) for k in w0.files)
-    assert diff <= 1e-6, f"the tasks ended with different weights (max abs diff {diff})"
+    equal_weights(weights, [0, 1])
 
     # the model the chief saved on its own disk, fetched here whole
     saved_at = re.search(r"task0 \S+ \| done: fit took [\d.]+s; model saved to (\S+)", out)
@@ -139,27 +134,109 @@ checkpoint_dir = "{tmp_path / 'shared'}"''', "max_restarts = 1")
     assert ph["copy_bytes"] == 0 and "backup copy" in out, ph
 
 
-def test_a_shrink_that_lost_the_only_backup_with_its_host_says_so_and_starts_again(cli, th, tmp_path):
-    """min_hosts = 2 of 3, the chief's host crashed after its first backup: no live host holds one (nothing was
-    copied before the failure yet), and the run says it starts again from its first step, then succeeds."""
-    spec = write_spec(tmp_path, th, '''entrypoint = "paced:task"
+def equal_weights(weights, tasks: list[int]) -> None:
+    import numpy as np
+
+    loaded = [np.load(weights / f"w-{i}.npz") for i in tasks]
+    assert all(sorted(w.files) == sorted(loaded[0].files) for w in loaded) and loaded[0].files
+    diff = max(float(np.max(np.abs(loaded[0][k] - w[k]))) for w in loaded[1:] for k in loaded[0].files)
+    assert diff <= 1e-6, f"the tasks ended with different weights (max abs diff {diff})"
+
+
+def test_the_chiefs_host_crashed_shrinks_and_the_group_goes_on_from_the_spare_copy_on_another_host(cli, th, tmp_path):
+    """min_hosts = 2 of 3, the chief's host crashed (its disk, with the chief's backup, gone with it): task 1's host
+    kept a spare copy at each backup, which every live host is given, and the group goes on from its step,
+    rescaled by the total replicas (2 local replicas each: 6 in sync, then 4)."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    spec = write_spec(tmp_path, th, f'''entrypoint = "paced:task"
 epochs = 2
 steps_per_epoch = 12
-batch_size_per_replica = 16''', "min_hosts = 2", n=3)
+batch_size_per_replica = 16
+checkpoint_every_steps = 4
+local_replicas = 2
+args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "min_hosts = 2", n=3)
     try:
         with cli.running("up", spec) as up:
-            st = wait_for(lambda: up.poll() is not None or steps(cli, 13), 240, "every task in epoch 2")
+            st = wait_for(lambda: up.poll() is not None or steps(cli, 5), 240, "every task past global step 5")
             assert st is not True, up.communicate()[0]  # up ended first
-            th.crash(0)  # the chief's host, and its disk with the only backup
+            th.crash(0)  # the chief's host, and its disk with the chief's backup
             out, _ = up.communicate(timeout=300)
     finally:
         th.revive(0)
     assert up.returncode == 0, out
-    assert f"task 0 ({th.addresses[0]}:{PORT}) is left out" in out, out
-    assert "no live host holds a backup of this run: the group starts again from its first step" in out, out
+    assert f"task 0 ({th.addresses[0]}:{PORT}) is left out" in out and "going on with 2 task(s)" in out, out
+    assert "6 replica(s) in sync, global batch 96 (16/replica)" in out, out  # 3 workers x 2 local replicas
+    after = out[out.index("going on with 2 task(s)"):]
+    assert "4 replica(s) in sync, global batch 64 (16/replica)" in after, out  # rescaled by the total
+    copied = re.search(rf"copied the run's backup \(global step (\d+)\) from the spare copy kept by task 1 "
+                       rf"\({re.escape(th.addresses[1])}:{PORT}\) to task 1 \(\S+\), task 2 \(\S+\): [\d.]+ MB in "
+                       rf"[\d.]+ s, checked by size and SHA-256; the group goes on from global step (\d+)", out)
+    assert copied and copied.group(1) == copied.group(2), out
+    saved = int(copied.group(1))
+    assert saved % 4 == 0 and saved >= 4, out
+    epoch, step = divmod(saved, 12)
+    assert f"resuming at epoch {epoch + 1}" in out, out
     snap = status_json(cli)
-    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [0], snap
-    assert "copy_bytes" not in snap["attempts"][1]["phases"] or snap["attempts"][1]["phases"]["copy_bytes"] == 0
+    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [0] and snap["tasks"][0]["state"] == "lost", snap
+    assert snap["attempts"][-1]["tasks"] == [1, 2] and snap["attempts"][-1]["outcome"] == "succeeded", snap
+    assert snap["attempts"][1]["phases"]["copy_bytes"] > 0, snap["attempts"][1]["phases"]
+    equal_weights(weights, [1, 2])
+
+
+PACED_JAX = '''
+import time
+from dataclasses import replace
+
+from worker.examples.digits_keras3 import task as digits
+
+
+def task():
+    import keras
+
+    class Paced(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.3)
+
+    return replace(digits(), callbacks=lambda: [Paced()])
+'''
+
+
+def test_up_resume_of_a_jax_run_whose_hosts_share_nothing_brings_its_backup_to_every_host(cli, th, tmp_path):
+    """Keras 3 on JAX: a run stopped (`down`: both stop at one epoch end, the chief's backup on its own disk) goes
+    on with `up --resume`: before its first step the stopped run's backup is copied to the host without it, and
+    both tasks resume at the next epoch and end with equal weights."""
+    need("jax")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    for address in th.addresses[:2]:
+        subprocess.run(["ssh", "-F", str(th.ssh_config), address, f"mkdir -p {th.disk}{tmp_path} && cat > "
+                        f"{th.disk}{tmp_path}/paced3.py"], input=PACED_JAX.encode(), check=True, timeout=60)
+    spec = write_spec(tmp_path, th, f'''backend = "jax"
+entrypoint = "paced3:task"
+epochs = 3
+steps_per_epoch = 6
+batch_size_per_replica = 16
+args = ["--save-weights", "{weights}/w-{{task}}.npz"]''')
+    with cli.running("up", spec) as up:
+        st = wait_for(lambda: up.poll() is not None or steps(cli, 7), 300, "both tasks in epoch 2")
+        assert st is not True, up.communicate()[0]  # up ended first
+        stopped = cli("down", timeout=120)
+        up.communicate(timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    first = status_json(cli)
+    assert first["state"] == "stopped", first["state"]
+    r = cli("up", spec, "--resume", timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    copied = re.search(rf"copied the resumed run's backup \(global step (\d+)\) from task 0 "
+                       rf"\({re.escape(th.addresses[0])}:{PORT}\) to task 1 \({re.escape(th.addresses[1])}:{PORT}\): "
+                       r"[\d.]+ MB in [\d.]+ s, checked by size and SHA-256", out)
+    assert copied and int(copied.group(1)) % 6 == 0 and int(copied.group(1)) >= 6, out
+    assert f"resuming at epoch {int(copied.group(1)) // 6 + 1}" in out, out
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["attempts"][0]["phases"]["copy_bytes"] > 0, snap
+    equal_weights(weights, [0, 1])
 
 
 def backup_folder(root, steps_done: int = 8, data: bytes = b"weights"):
@@ -232,3 +309,81 @@ batch_size_per_replica = 16''', "max_restarts = 1")  # a backup at each epoch's 
     assert r.returncode == 1 and "no saved model to fetch from task 0" in r.stderr and "Traceback" not in r.stderr, \
         r.stdout + r.stderr
     assert not list(tmp_path.glob("*.keras")) and not list(tmp_path.glob(".*.partial"))
+
+
+def test_the_first_task_of_each_host_but_the_chiefs_keeps_a_spare_copy_and_the_plan_asks_it_to():
+    import tomllib
+
+    from launcher.plan import plan_tasks
+    from launcher.specfile import parse_spec
+    from worker.host.env import SPARE_BACKUP, keeps_spare
+
+    workers = ["a:1", "a:2", "b:1", "b:2", "[fe80::1]:1"]
+    assert [keeps_spare(workers, r) for r in range(5)] == [False, False, True, False, True]
+    hosts = "".join(f'[[hosts]]\naddress = "{a}"\nport = {p}\n' for a, p in (("10.0.0.1", 1), ("10.0.0.2", 1),
+                                                                             ("10.0.0.2", 2)))
+    for training, spares in (('entrypoint = "m:task"', ["", "1", ""]), ('command = ["python3", "t.py"]', ["", "", ""])):
+        spec = parse_spec(tomllib.loads(f'[defaults]\ngpus = "none"\n{hosts}[training]\n{training}\n'))
+        assert [p.env.get(SPARE_BACKUP, "") for p in plan_tasks(spec, "r1")] == spares, training
+
+
+def test_a_spare_copy_is_replaced_whole_and_listed_beside_the_folders_own_backup(tmp_path, monkeypatch):
+    from worker import checkpoints
+    from worker.host.env import RUN_ID, SPARE_BACKUP, TASK_INDEX
+    from worker.startpoint import StartPoint
+    from worker.task.backup import listing
+
+    monkeypatch.setenv(RUN_ID, "r1")
+    monkeypatch.setenv(TASK_INDEX, "2")
+    monkeypatch.setenv(SPARE_BACKUP, "1")
+    folder = backup_folder(tmp_path / "ck")
+    spare = checkpoints.spare_folder(str(folder))
+    assert spare == str(folder / "spares" / "2")
+
+    def fill(data: bytes):
+        def put(stage: str) -> None:
+            os.makedirs(f"{stage}/chief")
+            with open(f"{stage}/chief/ckpt-1.data-00000-of-00001", "wb") as f:
+                f.write(data)
+        return put
+
+    checkpoints.keep_spare(spare, fill(b"step 4"), StartPoint("r1", 1, 5, 4))
+    checkpoints.keep_spare(spare, fill(b"step 8"), StartPoint("r1", 1, 9, 8))
+
+    def broken(stage: str) -> None:
+        fill(b"half")(stage)
+        raise OSError(28, "No space left on device")
+
+    checkpoints.keep_spare(spare, broken, StartPoint("r1", 2, 1, 12))  # said once; the copy before stays whole
+    own, *spares = listing(str(folder))
+    assert (own.folder, own.steps_done) == (str(folder), 8) and len(spares) == 1
+    assert (spares[0].folder, spares[0].run, spares[0].steps_done) == (spare, "r1", 8)
+    assert spares[0].files["chief/ckpt-1.data-00000-of-00001"] == (6, hashlib.sha256(b"step 8").hexdigest())
+    assert sorted(os.listdir(folder / "spares")) == ["2"]  # no stage or old copy left
+    monkeypatch.delenv(SPARE_BACKUP)
+    assert checkpoints.spare_folder(str(folder)) is None
+
+
+def test_the_newest_backup_of_the_run_is_the_source_the_chiefs_own_folder_first_among_equals():
+    from launcher.engines.supervised.backups import Place, Wanted, newest
+    from worker.task.backup import Held
+
+    class Plan:
+        def __init__(self, index):
+            self.index = index
+
+    def place(index, steps, run="r1", spare=False, finished=None):
+        files = {"owner.json": (1, "x")} if steps is not None or finished else {}
+        return Place(Plan(index), None, Held(f"/f{index}{spare}", run, steps, files, finished), spare)  # type: ignore[arg-type]
+
+    restart = Wanted(("r1", "r0"), "r1")
+    chief, spare1, own1 = place(0, 8), place(1, 8, spare=True), place(1, 4)
+    assert newest([own1, spare1, chief], restart) is chief
+    assert newest([own1, spare1], restart) is spare1  # the chief's host gone: its spare copy, newer than own1
+    assert newest([place(0, 12, run="other"), own1], restart) is own1  # another run's backup is never taken
+    assert newest([place(1, 16, run="r0"), own1], restart).held.steps_done == 16  # the run it went on from
+    done = place(1, None, run=None, finished="r1")
+    assert newest([chief, done], restart) is done  # its training had ended: nothing left to train
+    assert newest([place(0, None, run=None)], restart) is None
+    resume = Wanted(("r0",), None, "old/checkpoint")
+    assert newest([place(0, 8), place(1, 4, run="r0")], resume).plan.index == 1

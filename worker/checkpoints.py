@@ -15,8 +15,8 @@ from typing import Callable
 from worker import startpoint
 from worker.data import counts_over_workers
 from worker.entrypoint import WorkerError
-from worker.host.env import RUN_ID
-from worker.startpoint import FINISHED, Found, Refused, StartPoint
+from worker.host.env import RUN_ID, SPARE_BACKUP, TASK_INDEX
+from worker.startpoint import FINISHED, SPARES, Found, Refused, StartPoint
 from worker.lines import say
 
 
@@ -95,6 +95,9 @@ def tell_finished(barrier: Callable[[], object], chief: bool, checkpoint_dir: st
         return
     barrier()
     if not chief:
+        spare = spare_folder(checkpoint_dir)
+        if spare:  # the training is over: nothing is left to go on from
+            shutil.rmtree(spare, ignore_errors=True)
         return
     path = os.path.join(checkpoint_dir, FINISHED)
     try:
@@ -148,15 +151,55 @@ def claim(checkpoint_dir: str, start: StartPoint, chief: bool) -> None:
         startpoint.write_owner(checkpoint_dir, StartPoint(run_id(), start.epoch, start.step, start.steps_done))
 
 
-def backed_up(checkpoint_dir: str, epochs_done: int, step_in_epoch: int, steps: int) -> None:
-    """After the chief's backup: the owner file says where it resumes (`step_in_epoch` steps of the epoch after
-    `epochs_done` finished epochs are done; a finished epoch resumes at the next one's step 1)."""
-    if not run_id():
-        return
+def owner_after(epochs_done: int, step_in_epoch: int, steps: int) -> StartPoint:
+    """Where a backup resumes: `step_in_epoch` steps of the epoch after `epochs_done` finished epochs are done (a
+    finished epoch resumes at the next one's step 1)."""
     if step_in_epoch >= steps:
         epochs_done, step_in_epoch = epochs_done + 1, 0
-    startpoint.write_owner(checkpoint_dir, StartPoint(run_id(), epochs_done + 1, step_in_epoch + 1,
-                                                      epochs_done * steps + step_in_epoch))
+    return StartPoint(run_id(), epochs_done + 1, step_in_epoch + 1, epochs_done * steps + step_in_epoch)
+
+
+def backed_up(checkpoint_dir: str, epochs_done: int, step_in_epoch: int, steps: int) -> None:
+    """After the chief's backup: the owner file says where it resumes (`owner_after`)."""
+    if run_id():
+        startpoint.write_owner(checkpoint_dir, owner_after(epochs_done, step_in_epoch, steps))
+
+
+def spare_folder(checkpoint_dir: str) -> str | None:
+    """Where this task keeps its spare copy of each backup (the launcher asks the first task of each host other
+    than the chief's: worker.host.env.keeps_spare), None where it keeps none."""
+    index = os.environ.get(TASK_INDEX, "")
+    if os.environ.get(SPARE_BACKUP) != "1" or not run_id() or not index.isdigit():
+        return None
+    return os.path.join(checkpoint_dir, SPARES, index)
+
+
+_spare_failed: list[str] = []  # said once a run
+
+
+def keep_spare(spare: str, fill: Callable[[str], None], point: StartPoint) -> None:
+    """The spare copy replaced by the backup that `fill(folder)` puts into a new folder, with its owner file: whole
+    or absent (a rename; one kept from before is removed first). It is a spare: a failure to keep it (a full disk)
+    is said once and never stops the training."""
+    stage, old = f"{spare}.new", f"{spare}.old"
+    try:
+        shutil.rmtree(stage, ignore_errors=True)
+        os.makedirs(stage)
+        fill(stage)
+        startpoint.write_owner(stage, point)
+        if not os.path.isfile(os.path.join(stage, startpoint.OWNER)):
+            raise OSError("its owner file could not be written")
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.lexists(spare):
+            os.replace(spare, old)
+        os.replace(stage, spare)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not _spare_failed:
+            _spare_failed.append(spare)
+            say(f"note: cannot keep a spare copy of the backup in {spare} ({exc.strerror or exc}): a restart whose "
+                "chief's host is gone cannot go on from this host")
 
 
 NOTICE_KEY = "mgpu/preempt/step"  # in TensorFlow's coordination service: insert-only
@@ -177,6 +220,8 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
     stopper then raises Preempted, after every other callback has seen that step.
     """
     from tensorflow.python.eager import context  # the key-value store has no public API
+
+    spare = spare_folder(checkpoint_dir)
 
     class Backup(keras.callbacks.BackupAndRestore):
         def __init__(self):
@@ -234,7 +279,12 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
                 self._backup(epoch=self._current_epoch, batch=batch)
 
         def _backup(self, epoch, batch=0):
-            super()._backup(epoch=epoch, batch=batch)
+            manager = self._training_state.write_checkpoint_manager
+            if spare is None or info.is_chief:
+                super()._backup(epoch=epoch, batch=batch)
+            elif manager.save():  # collective, as tf_keras's own back_up, which removes this copy: kept instead
+                keep_spare(spare, lambda stage: os.replace(manager.directory, os.path.join(stage, TF_BACKUP)),
+                           owner_after(int(epoch), int(batch) + 1, steps))
             if info.is_chief:
                 backed_up(checkpoint_dir, int(epoch), int(batch) + 1, steps)
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 OWNER = "owner.json"  # {"run", "epoch", "step", "steps_done"}: written by the chief with each backup
 FINISHED = "finished.json"  # {"run": id} whose training ended, every task's model saved (worker.checkpoints)
 BACKUPS = ("chief", "keras3")  # the backup's folder in the checkpoint folder: tf_keras's, Keras 3's
+SPARES = "spares"  # spares/<task>: a task's whole copy of each backup on a host other than the chief's (the same layout)
 FILE_MAX = 4096  # bytes of an owner or finished file read
 
 

@@ -195,9 +195,10 @@ class Engine(ABC):
 @dataclass(frozen=True)
 class BackupCopy:
     """What a restart's copy of the run's backup did (checkpoints with nothing shared): the task whose host's copy
-    was the truth (None: no live host holds a backup of the run) and the global steps it holds, the tasks whose
-    hosts were given a copy (or already held the same bytes), the bytes copied and the seconds it took; `error`
-    (with the task and host it concerns) where a copy could not be made, and then no task starts."""
+    was the truth (None: no live host holds a backup of the run) and the global steps it holds (`spare`: the spare
+    copy kept on that task's host, where the chief's was lost; `finished`: the run's training had ended there), the
+    tasks whose hosts were given a copy (or already held the same bytes), the bytes copied and the seconds it took;
+    `error` (with the task and host it concerns) where a copy could not be made, and then no task starts."""
 
     source: int | None
     steps_done: int | None
@@ -208,6 +209,8 @@ class BackupCopy:
     error: str = ""
     task: int | None = None
     host: str | None = None
+    spare: bool = False
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,10 +263,10 @@ class Launching(ABC):
         """Whether each task's host answers now (elastic runs drop the ones that do not)."""
         return [Result(value=0.0) for _ in indices]
 
-    def share_backup(self) -> BackupCopy | None:
-        """Before a restart's tasks start: every host that restores holds a whole copy of the run's newest backup
-        (checked by size and SHA-256). None where nothing was there to copy, or the engine's tasks read one folder
-        (a scheduler's shared storage)."""
+    def share_backup(self, first: bool) -> BackupCopy | None:
+        """Before a restart's tasks start (or the `first` attempt's, of a run that goes on from another): every host
+        that restores holds a whole copy of the run's newest backup (checked by size and SHA-256). None where
+        nothing was there to bring, or the engine's tasks read one folder (a scheduler's shared storage)."""
         return None
 
 

@@ -159,8 +159,7 @@ class Agent:
         tasks = [p.index for p in self.engine.plans]
         begun = run.begin_attempt(tasks)
         self.marks, self.carried = phases.Phases(begun, self.carried, phases.reached(run)), {}
-        if number > 0:
-            self.share_backup()
+        self.share_backup(number)
         for i in tasks:
             run.task(i).begin(number)
         run.mark("spawn_started")
@@ -182,11 +181,11 @@ class Agent:
             return self.end_attempt(Outcome.SUCCEEDED, None)
         return self.conclude(live, failure)
 
-    def share_backup(self) -> None:
-        """Before a restart's tasks start, every host holds the run's newest backup (copied where it lacks it: a
-        phase of the restart); a copy that cannot be made ends the run, as replicas must never start from
-        different weights."""
-        copy = self.engine.share_backup()
+    def share_backup(self, number: int) -> None:
+        """Before a restart's tasks start (or the first's, of a run that goes on from another), every host holds
+        the run's newest backup (copied where it lacks it: a phase of the attempt); a copy that cannot be made ends
+        the run, as replicas must never start from different weights."""
+        copy = self.engine.share_backup(first=number == 0)
         if copy is None:
             return
         if copy.error:
@@ -200,7 +199,7 @@ class Agent:
                          "host keeps its own checkpoint folder, and a backup on a lost host is lost with it)")
         elif copy.copied and copy.source is not None:
             self.out.say(phases.copy_line(copy, [watch.label(self.run, i) for i in copy.copied],
-                                          watch.label(self.run, copy.source)))
+                                          watch.label(self.run, copy.source), number))
         elif len(copy.same) > 1:
             self.out.say(f"every host holds the run's backup (global step {copy.steps_done}) already, the same bytes "
                          f"(shared storage): nothing copied ({copy.seconds:.1f} s to check)")

@@ -260,10 +260,19 @@ def unprinted_words(number: int, ph: dict) -> str:
             "ended before them)")
 
 
-def copy_line(copy: BackupCopy, to: list[str], source: str) -> str:
-    """'copied the backup (global step 24) of task 0 (h1:20000) to task 1 (h2:20000): 1.2 MB in 0.4 s'."""
-    return (f"copied the run's backup (global step {copy.steps_done}) from {source} to {', '.join(to)}: "
-            f"{copy.bytes / 1e6:.1f} MB in {copy.seconds:.1f} s, checked by size and SHA-256")
+def copy_line(copy: BackupCopy, to: list[str], source: str, attempt: int) -> str:
+    """'copied the run's backup (global step 24) from task 0 (h1:20000) to task 1 (h2:20000): 1.2 MB in 0.4 s,
+    checked by size and SHA-256'; from a spare copy, the chief's host is gone, and the step the group goes back to
+    is said; before a first attempt, it is the backup of the run it goes on from."""
+    whose = "the resumed run's backup" if attempt == 0 else "the run's backup"
+    what = ("its finished training" if copy.finished else f"{whose} (global step {copy.steps_done})")
+    where = f"the spare copy kept by {source}" if copy.spare else source
+    line = (f"copied {what} from {where} to {', '.join(to)}: {copy.bytes / 1e6:.1f} MB in {copy.seconds:.1f} s, "
+            "checked by size and SHA-256")
+    if copy.spare:
+        line += (f"; the group goes on from global step {copy.steps_done}, the newest whole copy of the backup that a "
+                 "live host holds")
+    return line
 
 
 def back_words(ph: dict) -> str:

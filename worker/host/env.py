@@ -59,6 +59,7 @@ FORK_SERVER = "fork-server"  # a fork server's ATTEMPT: no attempt's sweep stops
 # read by the worker, set by a user (or a test) where wanted: the builder sets none of them
 PROGRESS_INTERVAL, STEP_CLOCK = "MGPU_PROGRESS_INTERVAL", "MGPU_STEP_CLOCK"
 TF_DATA_AUTOTUNE = "MGPU_TF_DATA_AUTOTUNE"
+SPARE_BACKUP = "MGPU_SPARE_BACKUP"  # "1": this task keeps a spare copy of each backup (`keeps_spare`)
 HOME = "MGPU_HOME"  # the launcher's own: where it keeps its runs
 
 
@@ -119,16 +120,25 @@ def keras_distribution(workers: list[str], rank: int) -> dict[str, str]:
     return dict(zip(KERAS_VARIABLES, ("jax", workers[0], str(len(workers)), str(rank))))
 
 
+def keeps_spare(workers: list[str], rank: int) -> bool:
+    """Whether the task of `rank` keeps a spare copy of each backup in its checkpoint folder: the first task of each
+    host other than the chief's, so that a restart whose chief's host is gone (and its disk with the backup) goes
+    on from a whole copy on a live host. Its tasks write the same weights as the chief's at each backup anyway."""
+    hosts = [address_of(w) for w in workers]
+    return hosts[rank] != hosts[0] and hosts.index(hosts[rank]) == rank
+
+
 def task_environment(common: dict[str, str], workers: list[str], rank: int, run_id: str, run_dir: str,
                      index: int | None = None, *, backend: Backend = Backend.TENSORFLOW,
-                     cpu_devices: int | None = None) -> dict[str, str]:
+                     cpu_devices: int | None = None, spare: bool = False) -> dict[str, str]:
     """Every variable a task gets (docs/worker.md's environment contract). `common` (the engine's own and
     the spec's env) comes last, so a user's value wins; `index` is the task's own number when it is not
     its rank (an elastic run that goes on with fewer hosts). On JAX, `cpu_devices` (local_replicas on a
     task without GPUs) is XLA's device count on the CPU, before the flags of a user's XLA_FLAGS (the
-    last of a flag wins)."""
+    last of a flag wins). `spare`: the task keeps a spare copy of each backup (`keeps_spare`, where hosts share
+    no checkpoint folder)."""
     run = {RUN_ID: run_id, TASK_INDEX: str(rank if index is None else index),
-           NUM_WORKERS: str(len(workers)), RUN_DIR: run_dir}
+           NUM_WORKERS: str(len(workers)), RUN_DIR: run_dir, **({SPARE_BACKUP: "1"} if spare else {})}
     if Backend(backend) is not Backend.JAX:
         env = {TF_CONFIG: json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
                "PYTHONUNBUFFERED": "1"}

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Callable
 
-from worker.checkpoints import Preempted, backed_up, keeps_backup, notice
+from worker.checkpoints import Preempted, backed_up, keep_spare, keeps_backup, notice, owner_after, spare_folder
 from worker.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
 from worker.startpoint import BACKUPS
@@ -20,6 +20,8 @@ BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's:
 def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,
                          on_notice: Callable[[], None]) -> list:
     """[backup, stopper]: the first and the last callback of `fit`."""
+
+    spare = spare_folder(checkpoint_dir)
 
     class Backup(keras.callbacks.BackupAndRestore):
         def __init__(self):
@@ -36,22 +38,29 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
                                   "that every host shares, or delete the backup to start over")
 
         def _save_model(self):
-            """The chief alone writes (the weights are the same on every process), each file whole: a kill in
-            the middle leaves the last backup as it was."""
-            if not group.chief:
-                return
-            os.makedirs(self.backup_dir, exist_ok=True)
-            weights = f"{self._weights_path}.partial.weights.h5"  # Keras wants the suffix
+            """The chief alone writes the backup (the weights are the same on every process), each file whole: a
+            kill in the middle leaves the last backup as it was; a task that keeps a spare copy writes it alike."""
+            steps = int(self.params.get("steps") or 0)
+            if group.chief:
+                self._write(self.backup_dir)
+                backed_up(checkpoint_dir, self._current_epoch, 0, steps)  # at epoch ends
+            elif spare is not None:
+                keep_spare(spare, lambda stage: self._write(os.path.join(stage, BACKUP)),
+                           owner_after(self._current_epoch, 0, steps))
+
+        def _write(self, folder: str) -> None:
+            os.makedirs(folder, exist_ok=True)
+            final = os.path.join(folder, os.path.basename(self._weights_path))
+            weights = f"{final}.partial.weights.h5"  # Keras wants the suffix
             with alone(keras):
                 self.model.save_weights(filepath=weights, overwrite=True)
-            metadata = f"{self._training_metadata_path}.partial"
-            with open(metadata, "w", encoding="utf-8") as f:
+            metadata = os.path.join(folder, os.path.basename(self._training_metadata_path))
+            with open(f"{metadata}.partial", "w", encoding="utf-8") as f:
                 json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen}, f)
             # weights first: a kill between the two renames resumes this epoch's weights one epoch early,
             # never an epoch later than its weights
-            os.replace(weights, self._weights_path)
-            os.replace(metadata, self._training_metadata_path)
-            backed_up(checkpoint_dir, self._current_epoch, 0, int(self.params.get("steps") or 0))  # at epoch ends
+            os.replace(weights, final)
+            os.replace(f"{metadata}.partial", metadata)
 
     class Stopper(keras.callbacks.Callback):
         said = False

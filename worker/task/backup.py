@@ -1,6 +1,6 @@
 """A host's copy of a run's backup, for restarts with nothing shared (an on-host entry the launcher runs over
-SSH): `list FOLDER` prints what the checkpoint folder holds (the owner file's word, each backup file's size and
-SHA-256); `install FOLDER STAGE` takes a copy the launcher wrote into STAGE, checks every file against the
+SSH): `list FOLDER` prints what the checkpoint folder and each spare copy in it hold (the owner file's word, each
+backup file's size and SHA-256); `install FOLDER STAGE` takes a copy the launcher wrote into STAGE, checks every file against the
 listing it sends on stdin, and puts it in place of the folder's backup, whole or not at all; `file PATH` gives
 one file's size and SHA-256 (`fetch` of the saved model). Standard library only; the folder's files are
 untrusted (an owner file is read as startpoint reads it)."""
@@ -13,8 +13,9 @@ import os
 import shutil
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from worker.startpoint import BACKUPS, OWNER, Found, look
+from worker.startpoint import BACKUPS, FINISHED, OWNER, SPARES, Found, look
 
 CHUNK = 1 << 20
 STAGE_PREFIX = ".mgpu-copy-"  # a copy being written: never read as a backup, removed by the next install
@@ -22,24 +23,29 @@ STAGE_PREFIX = ".mgpu-copy-"  # a copy being written: never read as a backup, re
 
 @dataclass(frozen=True)
 class Held:
-    """What one checkpoint folder holds: where it is (absolute, on its host), its owner file's run and steps done
-    (None: no owner), and each backup file (relative to the folder) with its size and SHA-256."""
+    """What one checkpoint folder (or a spare copy in one) holds: where it is (absolute, on its host), its owner
+    file's run and steps done (None: no owner), each backup file (relative to the folder) with its size and
+    SHA-256, and the run whose training finished there (finished.json; its only file once the backup is gone)."""
 
     folder: str
     run: str | None
     steps_done: int | None
     files: dict[str, tuple[int, str]]
+    finished: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> "Held":
-        data = json.loads(text)
+        return cls.parse(json.loads(text))
+
+    @classmethod
+    def parse(cls, data: Any) -> "Held":  # Any: a host's JSON, untrusted: each field is checked here
         files = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["files"]).items()}
-        steps = data.get("steps_done")
-        return cls(str(data["folder"]), data.get("run") if isinstance(data.get("run"), str) else None,
-                   steps if isinstance(steps, int) else None, files)
+        steps, run, finished = data.get("steps_done"), data.get("run"), data.get("finished")
+        return cls(str(data["folder"]), run if isinstance(run, str) else None, steps if isinstance(steps, int) else None,
+                   files, finished if isinstance(finished, str) else None)
 
 
 def sha256(path: str) -> str:
@@ -51,9 +57,10 @@ def sha256(path: str) -> str:
 
 
 def _files(folder: str) -> dict[str, tuple[int, str]]:
-    """Every file below the folder's backup folders and its owner file: relative path -> (size, SHA-256)."""
+    """Every file below the folder's backup folders, its owner and finished files: relative path -> (size,
+    SHA-256)."""
     found: dict[str, tuple[int, str]] = {}
-    for name in (*BACKUPS, OWNER):
+    for name in (*BACKUPS, OWNER, FINISHED):
         top = os.path.join(folder, name)
         paths = [top] if os.path.isfile(top) else [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs]
         for path in paths:
@@ -68,7 +75,18 @@ def held(folder: str) -> Held:
     found: Found = look(folder)
     owner = found.owner
     return Held(folder, owner.run if owner else None, owner.steps_done if owner else None,
-                _files(folder) if found.backup else {})
+                _files(folder) if found.backup or found.finished else {}, found.finished)
+
+
+def listing(folder: str) -> list[Held]:
+    """The folder's own backup, then each spare copy kept in it (spares/<task>, whole ones only: a copy being
+    written is named <task>.new)."""
+    own = held(folder)
+    try:
+        names = sorted((n for n in os.listdir(os.path.join(own.folder, SPARES)) if n.isdigit()), key=int)
+    except OSError:
+        names = []
+    return [own, *(held(os.path.join(own.folder, SPARES, n)) for n in names)]
 
 
 def _free(folder: str) -> int | None:
@@ -94,7 +112,7 @@ def install(folder: str, stage: str, want: Held) -> str:
                 return (f"No space left on device: the backup is {need / 1e6:.1f} MB and the disk holding the folder "
                         f"has {free / 1e6:.1f} MB free")
             return f"the copy differs from the source in {', '.join(bad[:5])}"
-        for name in (*BACKUPS, OWNER):
+        for name in (*BACKUPS, OWNER, FINISHED):
             new, old = os.path.join(stage, name), os.path.join(folder, name)
             if os.path.isdir(old) and not os.path.islink(old):
                 shutil.rmtree(old)
@@ -122,7 +140,7 @@ def one_file(path: str) -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "list":
-        print(held(argv[1]).to_json())
+        print(json.dumps([asdict(h) for h in listing(argv[1])]))
         return 0
     if len(argv) >= 2 and argv[0] == "file":
         said = one_file(argv[1])

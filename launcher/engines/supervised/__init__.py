@@ -129,10 +129,10 @@ class SupervisedEngine(Engine, Launching, Inspecting):
     def reachable(self, indices: list[int]) -> list[Result[float]]:
         return parallel(lambda i: self.transports[i].connect(), indices)
 
-    def share_backup(self) -> BackupCopy | None:
+    def share_backup(self, first: bool) -> BackupCopy | None:
         from launcher.engines.supervised.backups import share
 
-        return share(self.spec, self.run_id, self.plans, self.transports)
+        return share(self.spec, self.run_id, self.plans, self.transports, first)
 
     def close(self) -> None:
         self.standbys.close()
