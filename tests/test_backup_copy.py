@@ -169,6 +169,7 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "min_hosts = 2", n=3)
     assert "6 replica(s) in sync, global batch 96 (16/replica)" in out, out  # 3 workers x 2 local replicas
     after = out[out.index("going on with 2 task(s)"):]
     assert "4 replica(s) in sync, global batch 64 (16/replica)" in after, out  # rescaled by the total
+    assert ": succeeded, 4 replicas in sync" in after, out  # the group that ended, not the one that began
     copied = re.search(rf"copied the run's backup \(global step (\d+)\) from the spare copy kept by task 1 "
                        rf"\({re.escape(th.addresses[1])}:{PORT}\) to task 1 \(\S+\), task 2 \(\S+\): [\d.]+ MB in "
                        rf"[\d.]+ s, checked by size and SHA-256; the group goes on from global step (\d+)", out)

@@ -117,3 +117,18 @@ def test_the_page_at_1280_and_390_px(ended, browser):  # noqa: F811
         assert not page.is_visible("#stacks-section") and page.inner_text("#straggler") == ""
         assert "straggler" not in page.inner_text("body") and "Take stacks" not in page.inner_text("body")
         assert not errors, errors
+
+
+def test_the_page_lists_each_restart_with_its_phases_as_up_said_them(restart_run, browser):  # noqa: F811
+    """The run with a kill -9 and a group restart: its page names the restart's parts (the line `up` printed)."""
+    said = re.search(r"mgpu-cluster \| (restart 1 took [^\n]*?)(?:; epoch \d+: saved[^\n]*)?\n", restart_run.out)
+    assert said, restart_run.out
+    with dashboard(restart_run.cli) as (_, url, _, token):
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{url}/?token={token}")
+        page.goto(f"{url}/runs/{restart_run.run_id}")
+        page.wait_for_selector("#attempts li.restart-phases", timeout=15_000)
+        shown = page.inner_text("#attempts li.restart-phases")
+        assert shown.startswith("restart 1 took ") and "teardown" in shown and "spawn" in shown, shown
+        head = shown.split(", to first step")[0]  # its parts up to the spawn: measured once, told alike
+        assert head == said.group(1).split(", to first step")[0] and "to first step" in shown, (shown, said.group(1))

@@ -296,4 +296,4 @@ def test_the_report_places_each_restarts_phases_and_leaves_out_damaged_ones():
     (restart,) = series.build(run, [])["restart_phases"]
     spans = {p["name"]: (round(p["start"], 3), round(p["end"], 3)) for p in restart["parts"]}
     assert (spans["backup copy"], spans["spawn"], spans["first step"]) == ((16.1, 17.0), (17.0, 17.3), (17.3, 19.3))
-    assert "teardown 1.0 s, backup copy 0.9 s, spawn 0.3 s" in restart["line"], restart["line"]
+    assert "teardown 1.0 s, backup copy 0.9 s (1.0 MB), spawn 0.3 s" in restart["line"], restart["line"]

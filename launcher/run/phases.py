@@ -239,7 +239,8 @@ def restart_line(number: int, ph: dict, epochs: bool = True) -> str:
     """Attempt `number`'s phases `ph` in one line: 'restart 1 took 3.1 s: detected 0.1 s, teardown 1.0 s, spawn
     0.3 s, to first step 1.5 s, about 12 step(s) redone; back at about step 40 after about 3.4 s' (the report
     tells them too), with the epochs saved but never told (unprinted_words) where `epochs`."""
-    parts = [f"{words} {ph[key]:.1f} s" for key, words in PARTS if key in ph]
+    parts = [f"{words} {ph[key]:.1f} s" + (f" ({ph['copy_bytes'] / 1e6:.1f} MB)" if key == "copy_s" and
+                                           ph.get("copy_bytes") else "") for key, words in PARTS if key in ph]
     if "steps_redone" in ph:
         parts.append(f"{about(ph, 'steps_redone')}{ph['steps_redone']:.0f} step(s) redone")
     took = f" took {ph['took_s']:.1f} s" if "took_s" in ph else ""

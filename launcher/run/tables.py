@@ -140,7 +140,9 @@ def summary(run: RunRecord, width: int = 80) -> Table:
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
-    replicas = next((t.progress["replicas"] for t in run.tasks if (t.progress or {}).get("replicas")), None)
+    final = set(run.attempts[-1].tasks) if run.attempts else {t.index for t in run.tasks}  # after a shrink: fewer
+    replicas = next((t.progress["replicas"] for t in run.tasks
+                     if t.index in final and (t.progress or {}).get("replicas")), None)
     title = f"run {run.run_id}: {run.state}" + (f", {replicas} replicas in sync" if replicas else "")
     table = fit(cols, rows, width, title)
     if not any(c.header == "metrics" for c in table.columns):  # no room beside the rest: below it

@@ -176,7 +176,8 @@ function showSeries(series, error) {
     ` ${mmss(a.start ?? 0)}–${typeof a.end === "number" ? mmss(a.end) : "now"}`,
     a.reason ? el("span", { class: "reason", text: ` — ${firstLine(a.reason)}` }) : "")),
     ...(series.events || []).map((e) => el("li", {}, el("strong", { text: e.kind }), ` ${mmss(e.t)} `,
-      el("span", { class: "reason", text: e.label || "" }))));
+      el("span", { class: "reason", text: e.label || "" }))),
+    ...(series.restart_phases || []).map((r) => el("li", { class: "restart-phases", text: r.line })));  // as up said
   $("phases").replaceChildren(...(series.phases || []).map((p) => el("li", {
     text: `${p.name} ${mmss(p.start ?? 0)}–${typeof p.end === "number" ? mmss(p.end) : "now"}` +
           (typeof p.end === "number" && typeof p.start === "number" ? ` (${fmt.duration(p.end - p.start)})` : ""),
