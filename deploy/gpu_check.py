@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from worker.devices import gpu_indices  # noqa: E402 (no TensorFlow import)
+from worker.host.devices import gpu_indices  # noqa: E402 (no TensorFlow import)
 
 NEEDS = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "sklearn": "scikit-learn"}
 

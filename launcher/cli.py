@@ -94,7 +94,7 @@ _said: list[str] = []  # which run a command without a run id took, said once it
 def _which(run: str | None) -> str:
     """The run a command acts on. Without a run id, which one it took is said on stderr (stdout may be JSON)
     when the command succeeds; a failure's paragraph names the run itself, and stays one paragraph."""
-    from launcher.listing import choose
+    from launcher.commands.listing import choose
 
     chosen = choose(run)
     if chosen.said:
@@ -111,7 +111,7 @@ def check(spec: Path = SpecArg,
 
     It starts no training, but copies the `sync` files to each remote host's workdir, creating the workdir where
     it is missing, as up does."""
-    from launcher import up as upmod
+    from launcher.commands import up as upmod
 
     upmod.check(spec, as_json=as_json)
 
@@ -130,7 +130,7 @@ def up(
 ):
     """Check SPEC, start every task, stream their output, stop all on the first failure. The training's own
     arguments go after --: up SPEC -- --epochs 3."""
-    from launcher import up as upmod
+    from launcher.commands import up as upmod
     from launcher.errors import SpecError
 
     dashes = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
@@ -145,7 +145,7 @@ def up(
 @command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):
     """List the runs recorded on this machine, newest first: state, engine, tasks, start, duration, spec."""
-    from launcher import listing
+    from launcher.commands import listing
 
     listing.ls(as_json=as_json)
 
@@ -158,10 +158,10 @@ def status(
     probe: bool = typer.Option(False, "--probe", help="Ask every host now (GPU use too), not the launcher's record."),
 ):
     """Show every task of a run: state, progress, heartbeat, CPU and memory."""
-    from launcher import runs
+    from launcher.commands import recorded
 
     with _follower(watch):
-        runs.status(_which(run), as_json=as_json, watch=watch, probe=probe)
+        recorded.status(_which(run), as_json=as_json, watch=watch, probe=probe)
 
 @command()
 def logs(
@@ -172,10 +172,10 @@ def logs(
                                        metavar="K", min=0),
 ):
     """Print the workers' logs of a run."""
-    from launcher import runs
+    from launcher.commands import recorded
 
     with _follower(follow):
-        runs.logs(_which(run), task=task, follow=follow, tail=tail)
+        recorded.logs(_which(run), task=task, follow=follow, tail=tail)
 
 @contextlib.contextmanager
 def _follower(following: bool):
@@ -206,7 +206,7 @@ def report(
     """Draw one PNG of a run: samples/s, loss and metrics per epoch, step time, attempts and their reasons, phases
     (needs matplotlib); exit 2 for a run its preflight refused."""
     from launcher.diagnose import commands
-    from launcher.paths import output_file
+    from launcher.commands.paths import output_file
 
     path = output_file(out, "-o", "report.png")
     commands.report(_which(run), path)
@@ -227,9 +227,9 @@ def dashboard(
 @command()
 def down(run: Optional[str] = RunArg):
     """Stop every task of a run (safe to repeat)."""
-    from launcher import runs
+    from launcher.commands import recorded
 
-    runs.down(_which(run))
+    recorded.down(_which(run))
 
 @command()
 def fetch(
@@ -238,7 +238,7 @@ def fetch(
                                        help="Where to write it (default: ./model-RUN.keras)."),
 ):
     """Copy the model a run's chief saved (model.keras on its host) here, checked by size and SHA-256."""
-    from launcher.fetch import fetch as fetch_model
+    from launcher.commands.fetch import fetch as fetch_model
 
     fetch_model(_which(run), out, _say)
 
@@ -246,7 +246,7 @@ def fetch(
 @command()
 def rm(runs: list[str] = typer.Argument(..., help="Run ids ('ls' lists them).", show_default=False, metavar="RUN")):
     """Remove the records of ended runs (a live run is refused); a local run's checkpoint and model are kept."""
-    from launcher import listing
+    from launcher.commands import listing
 
     listing.remove(runs)
 
@@ -259,7 +259,7 @@ def prune(
 ):
     """Remove the records of runs the preflight refused (they started nothing), and with --older-than of old ended
     runs; checkpoints and models are kept."""
-    from launcher import listing
+    from launcher.commands import listing
 
     listing.prune(older_than, dry_run=dry_run)
 
@@ -272,8 +272,8 @@ def render(
 ):
     """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
     from launcher.errors import SpecError
-    from launcher.paths import output_file
-    from launcher.specfile import load_spec
+    from launcher.commands.paths import output_file
+    from launcher.spec.file import load_spec
 
     output = output_file(to, "-o", "jobset.yaml")
     cluster = load_spec(spec)
@@ -303,7 +303,7 @@ def tf_config(
     """Print the TF_CONFIG of one task (or of all) as JSON; for backend = "jax", its KERAS_* variables."""
     from launcher.errors import SpecError
     from launcher.plan import plan_tasks
-    from launcher.specfile import load_spec
+    from launcher.spec.file import load_spec
     from worker.host.env import KERAS_VARIABLES, TF_CONFIG, Backend
 
     cluster = load_spec(spec)
@@ -326,7 +326,7 @@ def tf_config(
 @command()
 def schema():
     """Print the JSON Schema of cluster.toml (for editors)."""
-    from launcher.spec import ClusterSpec
+    from launcher.spec.cluster import ClusterSpec
 
     typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
 

@@ -6,9 +6,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from launcher.home import run_folder
-from launcher.spec import ClusterSpec, Host
-from launcher.specbase import SECRET
+from launcher.run.home import run_folder
+from launcher.spec.cluster import ClusterSpec, Host
+from launcher.spec.base import SECRET
 from worker.host import layout
 from worker.host.env import Backend, endpoint, keeps_spare, task_environment, visible_devices
 from worker.host.spawn import module_argv

@@ -164,7 +164,7 @@ def latest_state(cli) -> dict | None:
         return None
 
 
-# a thread's header in a stack (worker.stacks), whatever name py-spy reads for the thread: it may read ""
+# a thread's header in a stack (worker.host.stacks), whatever name py-spy reads for the thread: it may read ""
 STACK_HEADER = re.compile(r'^thread \d+( of pid \d+)? "[^"\n]*" \((active|idle)\):$', re.M)
 
 DIGITS = 'entrypoint = "worker.examples.digits:task"'

@@ -14,8 +14,8 @@ from launcher.run.attempt import LiveAttempt
 from launcher.run.failure import FailureKind
 from launcher.run.record import RunRecord, TaskRecord
 from launcher.run.states import TaskState
-from launcher.spec import Launch
-from worker import protocol
+from launcher.spec.cluster import Launch
+from worker.host import protocol
 
 # every task but task 0 ends at once (exit 0); task 0 sleeps
 SHORT = "import os, time\nif os.environ['MGPU_TASK_INDEX'] != '0':\n    raise SystemExit(0)\ntime.sleep(20)\n"

@@ -316,7 +316,7 @@ def test_the_first_task_of_each_host_but_the_chiefs_keeps_a_spare_copy_and_the_p
     import tomllib
 
     from launcher.plan import plan_tasks
-    from launcher.specfile import parse_spec
+    from launcher.spec.file import parse_spec
     from worker.host.env import SPARE_BACKUP, keeps_spare
 
     workers = ["a:1", "a:2", "b:1", "b:2", "[fe80::1]:1"]
@@ -329,9 +329,9 @@ def test_the_first_task_of_each_host_but_the_chiefs_keeps_a_spare_copy_and_the_p
 
 
 def test_a_spare_copy_is_replaced_whole_and_listed_beside_the_folders_own_backup(tmp_path, monkeypatch):
-    from worker import checkpoints
+    from worker.training import checkpoints
     from worker.host.env import RUN_ID, SPARE_BACKUP, TASK_INDEX
-    from worker.startpoint import StartPoint
+    from worker.host.startpoint import StartPoint
     from worker.task.backup import listing
 
     monkeypatch.setenv(RUN_ID, "r1")

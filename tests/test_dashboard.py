@@ -167,10 +167,10 @@ def test_another_local_user_reads_no_run_nor_log_and_takes_no_stacks(cli, tmp_pa
 
 # --------------------------------------------------------------------------- a live run
 
-# a task that trains for good, as a user's own loop reports it (worker.progress): a step every 0.05 s (its split
+# a task that trains for good, as a user's own loop reports it (worker.training.progress): a step every 0.05 s (its split
 # too), an epoch every 20 steps with its line's figures; the dashboard's figures are read from what it writes, as from Keras'
 LIVE = """import os, time
-from worker.progress import ProgressWriter
+from worker.training.progress import ProgressWriter
 w = ProgressWriter(os.environ["MGPU_RUN_DIR"], task=int(os.environ["MGPU_TASK_INDEX"]), epochs=500,
                    steps_per_epoch=20, interval=0.2)
 start = time.time()

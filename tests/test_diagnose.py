@@ -13,7 +13,7 @@ import pytest
 from conftest import DIGITS, latest_state, wait_for, wait_gone, write_spec
 from launcher.diagnose import stacks
 from launcher.diagnose.straggler import find
-from worker.stacks import dump, parse
+from worker.host.stacks import dump, parse
 
 
 # --------------------------------------------------------------------------- pure
@@ -72,7 +72,7 @@ def test_stacks_at_a_hang_are_given_seconds_not_the_commands_40():
     assert stacks.HANG_TIMEOUT_S <= 10 and sorted(c[2] for c in engine.calls) == [stacks.HANG_TIMEOUT_S] * 2
     for _index, argv, timeout in engine.calls:
         assert float(argv[argv.index("--timeout") + 1]) == timeout / 2 and "--out" in argv, argv
-    assert "task 1: python -m worker.stacks failed on its host: did not finish within" in said[-1], said
+    assert "task 1: python -m worker.host.stacks failed on its host: did not finish within" in said[-1], said
     engine.calls.clear()
     stacks.take(engine, [(0, "h0", 7)])  # `mgpu-cluster stacks`: someone waits for them, longer
     assert engine.calls[0][2] == stacks.CALL_TIMEOUT_S
@@ -147,7 +147,7 @@ def test_busy_core_makes_its_task_the_straggler_and_a_balanced_run_names_none(cl
     # No standbys: on these 2 cores each imports TensorFlow for the whole run in its task's idle moments,
     # which slows one task or the other by up to 1.5x (docs/faults.md): a load of ours, not the test's.
     # The core turns busy once both tasks train: TensorFlow's import on a busy core took minutes, and the
-    # straggler is named from the last seconds of steps (worker/steptime.py), busy ones here.
+    # straggler is named from the last seconds of steps (worker/tensorflow/steptime.py), busy ones here.
     # Balanced: both tasks share core 0, so that load from outside the test (other programs on this machine)
     # slows both alike. Busy: task 0 on core 0, task 1 on core 1 under the busy loop, which starts as soon as
     # the tasks' own progress files (written every 0.1 s) show both past their first step (the one the step

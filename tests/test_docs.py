@@ -5,7 +5,7 @@ stays a short front page with the two set-up commands unchanged."""
 import re
 from pathlib import Path
 
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

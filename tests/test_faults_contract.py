@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, write_spec
 from launcher.errors import SpecError
-from launcher.specfile import parse_spec
+from launcher.spec.file import parse_spec
 from worker.host import env
 
 PY = sys.executable
@@ -79,7 +79,7 @@ def test_check_and_dry_run_refuse_each_owned_variable_in_one_paragraph(cli, tmp_
 def _runner_check(extra: dict) -> subprocess.CompletedProcess:
     """The TensorFlow runner's strategy, as a command's script or the runner builds it, in a real process; its
     group check comes before TensorFlow is imported."""
-    code = ("import sys\nfrom worker.errors import WorkerError\nfrom worker.strategy import strategy_from_env\n"
+    code = ("import sys\nfrom worker.training.errors import WorkerError\nfrom worker.tensorflow.strategy import strategy_from_env\n"
             "try:\n    strategy_from_env()\nexcept WorkerError as exc:\n    print(exc); sys.exit(2)\n")
     environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_NUM_WORKERS")}
     return subprocess.run([PY, "-c", code], cwd=REPO, env={**environ, **extra}, capture_output=True, text=True,

@@ -16,7 +16,7 @@ from conftest import REPO, write_spec
 from launcher.errors import SpecError
 from launcher.run import fields
 from launcher.run.record import RunRecord
-from launcher.specfile import parse_spec
+from launcher.spec.file import parse_spec
 
 PY = sys.executable
 K8S = {"image": "img", "workers": 2, "volume_claim": "runs"}
@@ -85,8 +85,11 @@ def test_every_patterned_spec_value_is_taken_whole_a_trailing_newline_refused(ta
 
 def test_no_validating_pattern_ends_in_a_dollar():
     """`$` matches before a trailing newline: every pattern that checks a whole value ends in \\Z."""
-    from launcher import home, specbase, speck8s, specsched
     from launcher.engines.slurm import script
+    from launcher.run import home
+    from launcher.spec import base as specbase
+    from launcher.spec import kubernetes as speck8s
+    from launcher.spec import slurm as specsched
     from worker.host import layout, modules
     from worker.task import program
 

@@ -114,13 +114,13 @@ def test_stacks_after_the_launcher_is_killed_read_no_process_that_took_a_tasks_p
 
         # on the host itself: a pid whose create time is not the task's is not read (py-spy never attaches)
         task_created = st["tasks"][0]["create_time"]
-        r = subprocess.run([PY, "-m", "worker.stacks", "--pid", str(bystander.pid), "--create-time",
+        r = subprocess.run([PY, "-m", "worker.host.stacks", "--pid", str(bystander.pid), "--create-time",
                             repr(task_created), "--json"], capture_output=True, text=True, timeout=60)
         found = json.loads(r.stdout)
         assert r.returncode == 1 and not found["threads"] and "has ended" in found["error"], r.stdout + r.stderr
         assert psutil.Process(bystander.pid).status() != psutil.STATUS_STOPPED and bystander.poll() is None
         own = psutil.Process(bystander.pid).create_time()
-        r = subprocess.run([PY, "-m", "worker.stacks", "--pid", str(bystander.pid), "--create-time", repr(own),
+        r = subprocess.run([PY, "-m", "worker.host.stacks", "--pid", str(bystander.pid), "--create-time", repr(own),
                             "--json"], capture_output=True, text=True, timeout=60)
         assert "bystander_here" in r.stdout or "py-spy" in json.loads(r.stdout)["error"], r.stdout + r.stderr
     finally:

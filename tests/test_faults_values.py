@@ -16,7 +16,7 @@ import psutil
 
 from conftest import Cli, free_port, latest_state, wait_for, wait_gone, write_spec
 from launcher.run.progress import typed
-from launcher.specbase import nul_at
+from launcher.spec.base import nul_at
 
 PY = sys.executable
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import IN_CI, REPO, free_port, latest_state, tmpfs, wait_for, wait_gone, write_spec
-from worker import protocol
+from worker.host import protocol
 from worker.task.slurm import peer_failed
 
 PY = sys.executable
@@ -205,7 +205,7 @@ def test_a_record_torn_by_a_full_disk_does_not_swallow_the_exit(tmp_path):
 
 def test_the_progress_writer_makes_a_deleted_folder_again(tmp_path):
     folder = tmp_path / "task-0"
-    script = (f"import json, shutil; from worker.progress import ProgressWriter; w = ProgressWriter({str(folder)!r})\n"
+    script = (f"import json, shutil; from worker.training.progress import ProgressWriter; w = ProgressWriter({str(folder)!r})\n"
               f"w.update(force=True, state='training'); shutil.rmtree({str(folder)!r})\n"
               f"w.update(force=True, step=7); print(json.load(open({str(folder / 'progress.json')!r}))['step'])")
     r = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
@@ -216,7 +216,7 @@ def test_the_progress_writer_makes_a_deleted_folder_again(tmp_path):
 @needs_root
 def test_a_full_disk_never_ends_the_training_and_leaves_no_temporary_file(tmp_path):
     with tmpfs(tmp_path / "disk", "256k") as disk:
-        script = (f"import subprocess; from worker.progress import ProgressWriter; w = ProgressWriter({str(disk)!r})\n"
+        script = (f"import subprocess; from worker.training.progress import ProgressWriter; w = ProgressWriter({str(disk)!r})\n"
                   f"subprocess.run(['dd', 'if=/dev/zero', 'of={disk}/filler', 'bs=4k'], capture_output=True)\n"
                   "for i in range(3): w.update(force=True, state='training', step=i, metrics={'m' * 5000: 1.0})\n"
                   "print('trained on')")
@@ -308,7 +308,7 @@ def test_a_hung_nvidia_smi_is_no_gpu_information_not_a_crash(tmp_path, monkeypat
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 30\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    from worker.devices import nvidia_smi
+    from worker.host.devices import nvidia_smi
 
     started = time.monotonic()
     assert nvidia_smi("index", timeout=0.5) is None and time.monotonic() - started < 10

@@ -16,7 +16,7 @@ from conftest import launcher_traceback, namespace_hosts, reap, status_json, wai
 from test_ssh import SSHCli
 from test_ssh import write_spec as write_ssh_spec
 from launcher.errors import SpecError
-from launcher.specfile import load_spec
+from launcher.spec.file import load_spec
 
 PY = sys.executable
 BAD = ('import sys\nprint("\\x1b[31mloud at import", flush=True)\nraise RuntimeError("boom at import")\n'
@@ -30,7 +30,7 @@ FLAG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow")  # steps
 
 
 def task():
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     trained = []

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import status_json, wait_for, write_spec
 from test_dashboard import browser, dashboard, get  # noqa: F401 (browser: a fixture)
-from worker.devices import GpuFigures, gpu_figures, gpu_indices, nvidia_smi, task_figures, visible_gpus
+from worker.host.devices import GpuFigures, gpu_figures, gpu_indices, nvidia_smi, task_figures, visible_gpus
 
 CSV = "0, 87, 12288, 81559\n1, [N/A], 1024, 81559\n"  # GPU 1's use: not known
 
@@ -133,7 +133,7 @@ def test_each_task_of_a_host_shows_its_own_gpus_in_status_the_page_and_metrics(c
 
 def test_relayed_figures_are_untrusted_input():
     """A Stats record's gpus come from a file or pipe the training can write to: only whole figures of GPUs."""
-    from worker import protocol
+    from worker.host import protocol
 
     with pytest.raises(protocol.BadRecord):
         protocol.decode('{"v": 1, "event": "stats", "gpus": [1, 2]}')

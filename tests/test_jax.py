@@ -302,7 +302,7 @@ def test_a_frozen_task_is_named_hung_with_the_stacks_of_both_jax_processes(cli, 
 # --------------------------------------------------------------------------- pure: no JAX process
 
 def test_each_task_feeds_an_equal_slice_cut_to_whole_batches():
-    from worker.entrypoint import Task, WorkerError
+    from worker.training.entrypoint import Task, WorkerError
     from worker.keras3.data import feeds
     from worker.keras3.group import Group
 

@@ -19,8 +19,8 @@ from conftest import REPO, free_port, latest_state, need, write_spec
 from launcher.engines.kubernetes.render import manifest, pod_command
 from launcher.engines.slurm.plan import described_environment, given, run_folder
 from launcher.plan import plan_tasks
-from launcher.specfile import parse_spec
-from worker import doctor
+from launcher.spec.file import parse_spec
+from worker.preflight import doctor
 from worker.host import env as task_env
 from worker.host import layout
 from worker.host.env import Backend, endpoint, task_environment
@@ -93,7 +93,7 @@ def test_the_backend_is_tensorflow_unless_the_spec_says_jax():
     host = {"address": "localhost", "port": 20000}
     assert hosts_spec({"command": ["x"]}, host).training.backend is Backend.TENSORFLOW
     assert hosts_spec({"command": ["x"], "backend": "jax"}, host).training.backend is Backend.JAX
-    from launcher.spec import ClusterSpec
+    from launcher.spec.cluster import ClusterSpec
 
     schema = ClusterSpec.model_json_schema()
     assert schema["$defs"]["Backend"]["enum"] == ["tensorflow", "jax"]
@@ -141,7 +141,7 @@ def test_dry_run_and_tf_config_show_kerass_variables(tmp_path):
 
 
 def parse_spec_file(path: Path):
-    from launcher.specfile import load_spec
+    from launcher.spec.file import load_spec
 
     return load_spec(path)
 
@@ -259,7 +259,7 @@ def test_a_pods_keras_variables_cannot_be_set_in_the_specs_env():
 # ---------------------------------------------------------------- the host check
 
 def test_a_host_without_jax_or_keras_3_is_one_paragraph(monkeypatch):
-    from worker import packages
+    from worker.preflight import packages
 
     have = {"jax": "0.10.2", "jaxlib": "0.10.2", "keras": "2.15.0", "tensorflow": None, "tf-keras": None}
     monkeypatch.setattr(packages, "version", have.get)

@@ -25,7 +25,7 @@ from launcher.engines.kubernetes import render
 from launcher.engines.kubernetes.render import manifest
 from launcher.engines.kubernetes.validate import ManifestError, validate
 from launcher.errors import SpecError
-from launcher.specfile import load_spec, parse_spec
+from launcher.spec.file import load_spec, parse_spec
 
 PY = sys.executable
 # the JobSet's name, which is the run's id: unique to this session, as the task core stops what a process of the

@@ -21,8 +21,8 @@ from conftest import REPO, Cli, free_port
 from launcher.engines.kubernetes import render
 from launcher.engines.kubernetes.validate import validate
 from launcher.errors import SpecError
-from launcher.speck8s import Dns1035, name_from
-from launcher.specfile import parse_spec
+from launcher.spec.kubernetes import Dns1035, name_from
+from launcher.spec.file import parse_spec
 
 PY = sys.executable
 DIGITS = {"entrypoint": "worker.examples.digits:task"}

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import REPO, free_port, namespace_hosts, reap, wait_gone
-from launcher.links import Link, rounds, verdict
+from launcher.preflight.links import Link, rounds, verdict
 from test_ssh import PY, SSHCli, write_spec
 
 G, M = 10_000.0, 20.0  # a veth's Mbit/s here, and the tbf rate below
@@ -56,7 +56,7 @@ def test_rounds_pair_every_host_once_and_no_host_twice_in_a_round(n):
 # --------------------------------------------------------------------------- the host side, real sockets
 
 def links_cmd(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "worker.links", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "worker.preflight.links", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

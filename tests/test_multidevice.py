@@ -24,8 +24,8 @@ from test_worker import Workers, read_progress, run_ok
 from train_shared import digits_alone
 from within_probe import assert_within_epochs_are_means, copied_to
 
-from launcher.devices import TaskDevices, device_problems, loopback_warnings, nccl_env
-from worker.devices import task_devices
+from launcher.preflight.devices import TaskDevices, device_problems, loopback_warnings, nccl_env
+from worker.host.devices import task_devices
 
 DIGITS = ["--entrypoint", "worker.examples.digits:task"]
 
@@ -93,7 +93,7 @@ def test_preempted_four_replica_run_resumes_at_the_step_it_saved(run):  # noqa: 
 @pytest.mark.cluster
 def test_the_private_local_devices_hook_fails_loudly_where_tensorflow_moved_it():
     code = ("from tensorflow.python.distribute import collective_all_reduce_strategy as c\n"
-            "from worker.replicas import LocalReplicasUnsupported, cpu_local_devices\n"
+            "from worker.tensorflow.replicas import LocalReplicasUnsupported, cpu_local_devices\n"
             "original = c.CollectiveAllReduceExtended._initialize_local_devices\n"
             "with cpu_local_devices(3):\n"
             "    assert c.CollectiveAllReduceExtended._initialize_local_devices(None, None, '/job:worker/task:1') == "
@@ -133,7 +133,7 @@ def test_device_verdicts_are_pure_functions():
 def test_spec_passes_local_replicas_and_collective_to_the_worker():
     from launcher.errors import SpecError
     from launcher.plan import worker_argv
-    from launcher.specfile import parse_spec
+    from launcher.spec.file import parse_spec
 
     hosts = [{"address": "localhost", "port": 20000}]
     spec = parse_spec({"hosts": hosts, "training": {"entrypoint": "m:f", "local_replicas": 2, "collective": "ring"}})
@@ -148,7 +148,7 @@ def test_spec_passes_local_replicas_and_collective_to_the_worker():
 
 
 def test_gpu_memory_grows_unless_an_allocator_or_a_value_is_given():
-    from worker.replicas import allow_gpu_growth
+    from worker.tensorflow.replicas import allow_gpu_growth
 
     for env, expected in (({}, "true"), ({"TF_FORCE_GPU_ALLOW_GROWTH": "false"}, "false"),
                           ({"TF_GPU_ALLOCATOR": "cuda_malloc_async"}, None)):

@@ -276,10 +276,10 @@ def test_the_summary_tail_shows_what_the_screen_did_not_without_start_up_chatter
 def test_a_line_of_ours_reaches_an_unbuffered_stdout_in_one_write(monkeypatch):
     """With PYTHONUNBUFFERED (as under the tests' and many users' shells) each write of the text layer is a write
     to the fd: print() makes two (the text, then its newline) and a C++ library's line (gloo's) landed between
-    them on a loaded machine; worker.lines.say makes one."""
+    them on a loaded machine; worker.training.lines.say makes one."""
     import io
 
-    from worker.lines import say
+    from worker.training.lines import say
 
     class Fd(io.RawIOBase):
         def __init__(self):

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from test_worker import REPO, Workers, assert_prompt_end, run_ok
-from worker.progress import read_progress
-from worker.protocol import EXIT_PREEMPTED
+from worker.training.progress import read_progress
+from worker.host.protocol import EXIT_PREEMPTED
 
 STEPS = 10  # --steps-per-epoch (a global batch of 64: digits has examples for 22)
 EPOCHS = 3
@@ -179,7 +179,7 @@ def test_sigterm_while_waiting_for_peers_is_kept(run):
     # TensorFlow's own SIGTERM handler, in place while the strategy waits for its peers, drops
     # the signal; the runner holds it back until its handler is in place
     # the chief comes late: task 0 waits on import until the test opens its gate, once task 1 has TensorFlow loaded
-    # (task 1 then waits for the chief's port: worker.strategy.wait_for_chief); the signal goes to task 1 as soon
+    # (task 1 then waits for the chief's port: worker.tensorflow.strategy.wait_for_chief); the signal goes to task 1 as soon
     # as it listens, in the strategy's start
     with start(run, 0, GATE0=str(run / "gate")) as workers:
         wait_until(workers, lambda: tensorflow_loaded(workers.procs[1].pid))

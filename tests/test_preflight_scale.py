@@ -105,7 +105,7 @@ import json, sys, time
 from pathlib import Path
 from launcher.plan import plan_tasks
 from launcher.engines.supervised.preflight import preflight
-from launcher.specfile import load_spec
+from launcher.spec.file import load_spec
 from launcher.engines.supervised import transports_for
 
 spec = load_spec(sys.argv[1])

@@ -15,7 +15,7 @@ from test_dashboard import dashboard, scrape
 from launcher.diagnose import report, series
 from launcher.errors import ReportError
 from launcher.run.progress import typed, without_told
-from worker.progress import EPOCH_ENDS_KEPT, ProgressWriter
+from worker.training.progress import EPOCH_ENDS_KEPT, ProgressWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"
 T0 = 1000.0

@@ -81,7 +81,7 @@ def test_a_restart_is_measured_in_phases_and_told(restart, tmp_path):
 def test_phases_of_a_restart_add_up_and_are_told_in_one_line():
     from launcher.run import phases
     from launcher.run.record import Attempt, RunRecord, TaskRecord
-    from worker import protocol
+    from worker.host import protocol
 
     run = RunRecord(run_id="r", spec_path="s", tasks=[TaskRecord(index=i, host="h", address="h", port=1, run_dir="d",
                                                                 progress={"global_step": 14}) for i in (0, 1)])

@@ -35,8 +35,8 @@ from launcher.engines.slurm import status
 from launcher.engines.slurm.status import last_records, latest_attempt
 from launcher.engines import engine_for
 from launcher.run import record
-from launcher.specfile import load_spec, parse_spec
-from worker import protocol
+from launcher.spec.file import load_spec, parse_spec
+from worker.host import protocol
 from worker.host import env as task_env
 from worker.host import layout
 from worker.host.clock import wait_until
@@ -228,7 +228,7 @@ def progress(task: dict) -> dict:
 
 def started_record(task: dict, attempt: int):
     """The Started record the task core wrote for `attempt` in its events file."""
-    from worker import protocol
+    from worker.host import protocol
 
     lines = (Path(task["run_dir"]) / f"events-{attempt}.jsonl").read_bytes().splitlines()
     return next(ev for ev in map(protocol.decode, lines) if isinstance(ev, protocol.Started))
@@ -563,7 +563,7 @@ def test_tf_config_round_trips_through_tensorflow(monkeypatch):
 
 def test_example_slurm_spec_is_valid():
     from conftest import REPO
-    from launcher.specfile import load_spec
+    from launcher.spec.file import load_spec
 
     spec = load_spec(REPO / "cluster.slurm.toml")
     assert spec.hosts is None and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1

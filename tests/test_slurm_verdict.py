@@ -13,7 +13,7 @@ from launcher.engines.base import SchedulerCause
 from launcher.engines.slurm import job as jobs
 from launcher.engines.slurm.batch import BatchJob
 from launcher.engines.slurm.watch import Watcher
-from launcher.specfile import parse_spec
+from launcher.spec.file import parse_spec
 from worker.host.clock import wait_until
 
 RUN_ID = "20260101-000000-abcd"

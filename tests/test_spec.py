@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from launcher.specfile import load_spec, parse_spec
+from launcher.spec.file import load_spec, parse_spec
 from launcher.plan import plan_tasks
 
 HOST0 = '[[hosts]]\naddress = "localhost"\nport = 20000\n'

@@ -11,8 +11,8 @@ from launcher.engines.kubernetes.render import manifest
 from launcher.engines.kubernetes.validate import validate
 from launcher.engines.slurm.script import batch_script, sbatch_options, srun_argv
 from launcher.errors import SpecError
-from launcher.specbase import CPUS_MAX, DEVICES_MAX, INT32_MAX, RESTARTS_MAX, WEEK_S
-from launcher.specfile import load_spec
+from launcher.spec.base import CPUS_MAX, DEVICES_MAX, INT32_MAX, RESTARTS_MAX, WEEK_S
+from launcher.spec.file import load_spec
 
 RUN = "20261124-120000-abcd"
 ENGINES = {

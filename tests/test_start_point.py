@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from conftest import latest_state, status_json, write_spec
-from worker.startpoint import Found, Refused, StartPoint, decide, look, options
+from worker.host.startpoint import Found, Refused, StartPoint, decide, look, options
 
 FAILING = '''import os
 
@@ -15,7 +15,7 @@ from worker.examples.digits import task as digits
 
 
 def task():
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     flag = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fail-at-epoch")

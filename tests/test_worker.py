@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from train_shared import digits_alone
-from worker.progress import ProgressWriter, format_epoch_line, read_progress
-from worker.strategy import cluster_from_env, task_id_from_env, wait_for_chief
+from worker.training.progress import ProgressWriter, format_epoch_line, read_progress
+from worker.tensorflow.strategy import cluster_from_env, task_id_from_env, wait_for_chief
 
 REPO = Path(__file__).resolve().parents[1]
 WRITER_FIELDS = {"task", "state", "epoch", "epochs", "step", "steps_per_epoch", "global_step",
@@ -191,7 +191,7 @@ def test_progress_writer_is_atomic_and_throttled(tmp_path):
 
 
 def test_importing_worker_does_not_import_tensorflow():
-    code = ("import sys, worker, worker.runner, worker.progress, worker.strategy, "
+    code = ("import sys, worker, worker.tensorflow.runner, worker.training.progress, worker.tensorflow.strategy, "
             "worker.examples.digits; assert 'tensorflow' not in sys.modules, 'tf imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
@@ -203,7 +203,7 @@ def test_a_tensorflow_warning_is_printed_once_after_absl_configured_logging():
     configured before TensorFlow still shows them. Both cases at once: each process imports TensorFlow."""
     def code(root_first: bool) -> str:
         return ("import logging, sys\n" + ("logging.basicConfig()\n" if root_first else "")
-                + "from worker.strategy import import_tensorflow\ntf = import_tensorflow()\n"
+                + "from worker.tensorflow.strategy import import_tensorflow\ntf = import_tensorflow()\n"
                 "from absl import logging as absl_logging\nabsl_logging.info('the first save logs through absl')\n"
                 "tf.get_logger().warning('said once')\n")
     procs = {case: subprocess.Popen([sys.executable, "-c", code(case == "root-configured-first")], cwd=REPO,

@@ -13,7 +13,7 @@ def task():
         from worker.examples.digits_keras3 import task as digits
     else:
         from worker.examples.digits import task as digits
-        from worker.strategy import import_keras
+        from worker.tensorflow.strategy import import_keras
 
         keras = import_keras()
     folder = os.environ["MGPU_RUN_DIR"]

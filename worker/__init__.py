@@ -10,12 +10,13 @@ import importlib
 # Where each public name lives. Resolved on first use, so that the supervisor and the
 # launcher, which import only submodules, do not pay for the runner and strategy modules.
 _HOME = {
-    "ProgressWriter": "progress", "read_progress": "progress", "ProgressCallback": "progress_keras",
-    "DataContext": "entrypoint", "RunConfig": "runner", "Task": "entrypoint", "WorkerError": "entrypoint",
-    "run": "runner", "save_model": "runner",
-    "ClusterInfo": "strategy", "cluster_from_env": "strategy", "dataset_options": "strategy",
-    "import_keras": "strategy", "import_tensorflow": "strategy", "is_chief": "strategy",
-    "set_mixed_precision": "strategy", "strategy_from_env": "strategy",
+    "ProgressWriter": "training.progress", "read_progress": "training.progress",
+    "ProgressCallback": "training.keras_progress", "DataContext": "training.entrypoint", "RunConfig": "training.config",
+    "Task": "training.entrypoint", "WorkerError": "training.entrypoint", "run": "tensorflow.runner",
+    "save_model": "training.ending", "ClusterInfo": "tensorflow.strategy", "cluster_from_env": "tensorflow.strategy",
+    "dataset_options": "tensorflow.strategy", "import_keras": "tensorflow.strategy",
+    "import_tensorflow": "tensorflow.strategy", "is_chief": "tensorflow.strategy",
+    "set_mixed_precision": "tensorflow.strategy", "strategy_from_env": "tensorflow.strategy",
 }
 
 __all__ = sorted(_HOME)

@@ -17,9 +17,11 @@ def on_jax() -> bool:
 if not on_jax():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
 
-from worker.protocol import EXIT_PREEMPTED
-from worker.runner import (DEFAULT_BATCH_SIZE_PER_REPLICA, DEFAULT_EPOCHS,
-                           DEFAULT_LEARNING_RATE, Preempted, RunConfig, WorkerError, run)
+from worker.host.protocol import EXIT_PREEMPTED
+from worker.tensorflow.runner import run
+from worker.training.checkpoints import Preempted
+from worker.training.config import DEFAULT_BATCH_SIZE_PER_REPLICA, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, RunConfig
+from worker.training.entrypoint import WorkerError
 
 ENVIRONMENT = """\
 environment:

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> dict:
         bytes_per_pack=args.bytes_per_pack,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     if workers > 1:
-        from worker.strategy import cluster_from_env, quiet_device_datasets, wait_for_chief
+        from worker.tensorflow.strategy import cluster_from_env, quiet_device_datasets, wait_for_chief
 
         # Neither is what is measured: tf.data autotune's random ~3 s stall at the end of `fit`, and
         # TensorFlow's 1 s retry when a worker asks before the chief is up.

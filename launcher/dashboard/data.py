@@ -10,10 +10,10 @@ import threading
 import time
 import tomllib
 
-from launcher import listing, runs
+from launcher.commands import listing, recorded
 from launcher.engines.base import parallel
 from launcher.errors import MgpuError, RunNotFound
-from launcher.home import RUN_ID
+from launcher.run.home import RUN_ID
 from launcher.plan import mask_env
 from launcher.run import files, record
 from launcher.run.logs import Lines, screen, unreadable
@@ -52,7 +52,7 @@ def checked(run_id: str) -> str:
 
 def status(run_id: str) -> dict:
     """The run as `status --json` shows it (a run whose launcher is gone is settled with its hosts, as there)."""
-    seen = runs.look(record.load(checked(run_id)))
+    seen = recorded.look(record.load(checked(run_id)))
     run = seen.run
     snap = snapshot(run, seen.probes)
     return {**snap, "unrecorded": seen.unrecorded, "refused": listing.refused(run),
@@ -167,7 +167,7 @@ def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[dict]:
     run = record.load(checked(run_id))
     if not run.attempts:
         return [{"index": t.index, "host": t.host, "lines": [], "error": "not started yet"} for t in run.tasks]
-    engine = runs.inspector(run)
+    engine = recorded.inspector(run)
     try:
         indices = [t.index for t in run.tasks]
         read = parallel(lambda i: engine.read_log(i, 0, tail), indices)

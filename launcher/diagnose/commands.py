@@ -13,7 +13,7 @@ from launcher.run.states import TaskState
 def live_tasks(run_id: str, task: int | None = None) -> tuple[record.RunRecord, list, list]:
     """The run (settled with its hosts when its launcher is gone: its record's `running` is stale), the tasks
     asked for (`task`, or all) and those of them that run; RunFailed (exit 1) when none of them runs."""
-    from launcher.runs import settle
+    from launcher.commands.recorded import settle
 
     run = record.load(run_id)
     if not run.ended and not record.launcher_alive(run):
@@ -34,7 +34,7 @@ def live_tasks(run_id: str, task: int | None = None) -> tuple[record.RunRecord, 
 def take_stacks(run: record.RunRecord, live: list) -> list:
     """The stacks of the `live` tasks of `run`, each taken on its host (TaskStacks: the stacks or why none)."""
     from launcher.diagnose.stacks import take
-    from launcher.runs import inspector
+    from launcher.commands.recorded import inspector
 
     engine = inspector(run)
     try:

@@ -44,7 +44,7 @@ def _lines(ax, points: list[dict], key: str, style: str, label: str, value=None,
 
 
 def throughput(ax, data: dict) -> None:
-    """The training throughput (worker.progress.training_rate): each epoch's as a bar over the time it took, the
+    """The training throughput (worker.training.progress.training_rate): each epoch's as a bar over the time it took, the
     epoch's so far as a line; the group's, once (series: group)."""
     epochs = [e for e in data["group"]["epochs"] if e["samples_per_s"] is not None]
     within = data["group"]["within"]

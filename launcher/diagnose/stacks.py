@@ -1,4 +1,4 @@
-"""The Python stacks of every live task of a run, taken on each task's host (`python -m worker.stacks`
+"""The Python stacks of every live task of a run, taken on each task's host (`python -m worker.host.stacks`
 through the engine's `call`), in parallel; each task's answer or why there is none."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from launcher.engines.base import Engine, parallel
-from worker.stacks import Stacks
+from worker.host.stacks import Stacks
 from worker.host.spawn import module_argv
 
 CALL_TIMEOUT_S = 40.0  # `mgpu-cluster stacks`: someone waits for them
@@ -46,8 +46,8 @@ def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskSt
     if pid is None:
         return TaskStacks(index, host, pid, None, "its training process is not known (not started?)")
     plan = engine.plan[index]
-    # py-spy gets half the time: one that does not answer is told by worker.stacks, not by a cut call
-    argv = [*module_argv(plan.python, "worker.stacks"), "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
+    # py-spy gets half the time: one that does not answer is told by worker.host.stacks, not by a cut call
+    argv = [*module_argv(plan.python, "worker.host.stacks"), "--pid", str(pid), "--json", "--timeout", f"{timeout / 2:g}"]
     if len(task) > 3:  # only the process started then is read: by now the pid may name another one
         if task[3] is None:
             return TaskStacks(index, host, pid, None, "the start time of its training process is not recorded, so "
@@ -63,7 +63,7 @@ def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskSt
         stacks = Stacks.from_json(json.loads(stdout.strip().splitlines()[-1]))
     except (ValueError, KeyError, TypeError, IndexError):
         err = (stderr.strip().splitlines() or [f"exit code {code}"])[-1]
-        return TaskStacks(index, host, pid, None, f"python -m worker.stacks failed on its host: {err}")
+        return TaskStacks(index, host, pid, None, f"python -m worker.host.stacks failed on its host: {err}")
     return TaskStacks(index, host, pid, stacks)
 
 

@@ -22,7 +22,7 @@ WORDS = {"lost": "was lost (its host or supervisor went away or fell silent)",
 
 
 def refused(run: dict) -> bool:
-    """It ended in its preflight: no task was ever started (launcher.listing.ended_in_preflight)."""
+    """It ended in its preflight: no task was ever started (launcher.commands.listing.ended_in_preflight)."""
     ended = run.get("state") in ENDED or real(run.get("ended_at")) is not None
     phases = run.get("phases")
     return ended and not (isinstance(phases, dict) and "preflight_s" in phases)

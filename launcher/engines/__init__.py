@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from launcher.engines.base import Engine, Landed
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 
 
 def engine_for(spec: ClusterSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None) -> Engine:

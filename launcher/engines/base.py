@@ -1,7 +1,7 @@
 """The seam between the run (the agent, status, logs, down) and an engine that brings tasks to life.
 
 An engine plans its tasks, checks their hosts, starts an attempt, reports on it through a Sink
-(worker.protocol events and output lines), stops it, and reads what a task's host says; the rest
+(worker.host.protocol events and output lines), stops it, and reads what a task's host says; the rest
 of the launcher sees nothing else. Adding an engine is one folder under launcher/engines/.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Generic, Iterable, Protocol, TypeVar
 
 from launcher.plan import TaskPlan
-from launcher.spec import ClusterSpec
-from worker import protocol
-from worker.startpoint import Found
+from launcher.spec.cluster import ClusterSpec
+from worker.host import protocol
+from worker.host.startpoint import Found
 
 T = TypeVar("T")
 MAX_THREADS = 32

@@ -2,7 +2,7 @@
 events until it succeeds, fails, is preempted or loses a host; then the run succeeds, restarts, shrinks
 or fails, and whatever ends it, its live tasks are torn down.
 
-It reads only typed events (worker.protocol) from its engine; output lines go straight to the
+It reads only typed events (worker.host.protocol) from its engine; output lines go straight to the
 display and never through this loop, so a flood or a stalled terminal cannot delay fail-fast. What an
 event means is watch.py's; one attempt's live state is attempt.py's; stopping it is teardown.py's.
 """
@@ -26,8 +26,8 @@ from launcher.run.progress import without_told
 from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
 from launcher.run.states import RunState, TaskState
-from launcher.spec import ClusterSpec
-from worker import protocol
+from launcher.spec.cluster import ClusterSpec
+from worker.host import protocol
 
 SAVE_EVERY_S = 1.0
 TICK_S = 0.5  # the agent wakes for events at once; this only paces its own checks (timeouts, grace)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from launcher.run.output import Output
 from launcher.run.record import RunRecord
-from worker import protocol
+from worker.host import protocol
 
 TAIL_LINES = 15
 

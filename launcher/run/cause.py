@@ -143,7 +143,7 @@ def _users_frame(lines: list[str], begin: int, end: int) -> tuple[int, str, int,
 
 @lru_cache(maxsize=1)
 def _worker_files() -> frozenset[str]:
-    """The worker package's own modules (its examples are the user's kind of code), as 'worker/runner.py'."""
+    """The worker package's own modules (its examples are the user's kind of code), as 'worker/tensorflow/runner.py'."""
     import worker
 
     root = Path(worker.__file__).parent

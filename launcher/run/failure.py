@@ -12,7 +12,7 @@ from typing import Protocol
 from launcher.run import fields
 from launcher.run.cause import Cause, of_log
 from launcher.run.screen import is_noise
-from worker import protocol
+from worker.host import protocol
 
 
 class FailureKind(str, enum.Enum):

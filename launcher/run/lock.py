@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from launcher.errors import HomeError, MgpuError, PreflightError
-from launcher.home import PORTS, mgpu_home
+from launcher.run.home import PORTS, mgpu_home
 from launcher.plan import TaskPlan
 from worker.host.clock import wait_until
 from launcher.run.files import read_file

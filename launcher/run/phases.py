@@ -12,7 +12,7 @@ import time
 from launcher.engines.base import BackupCopy
 from launcher.run.progress import step
 from launcher.run.record import Attempt, RunRecord
-from worker import protocol
+from worker.host import protocol
 
 # the parts of a restart, in order, and their words
 PARTS = (("detected_s", "detected"), ("teardown_s", "teardown"), ("copy_s", "backup copy"), ("spawn_s", "spawn"),

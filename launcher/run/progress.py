@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from worker.progress import EPOCH_ENDS_KEPT
-from worker.protocol import ProgressState
+from worker.training.progress import EPOCH_ENDS_KEPT
+from worker.host.protocol import ProgressState
 
 WHOLE = ("task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch", "first_global_step",
          "pid", "replicas")
-# samples_per_sec is the training throughput (worker.progress.training_rate) of the epoch so far, from its
+# samples_per_sec is the training throughput (worker.training.progress.training_rate) of the epoch so far, from its
 # epoch_samples and epoch_train_s; each finished epoch's summary keeps its own (samples, train_s)
 REAL = ("loss", "samples_per_sec", "epoch_samples", "epoch_train_s", "time", "compute_ms", "wait_ms", "first_step_at")
 EPOCH_REAL = ("start", "end", "samples", "train_s", "samples_per_sec", "loss")

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
-from launcher.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
-from launcher.home import run_folder as run_path
+from launcher.run.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
+from launcher.run.home import run_folder as run_path
 from launcher.engines.base import StandbyState
-from worker.devices import GpuFigures
+from worker.host.devices import GpuFigures
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
@@ -28,7 +28,7 @@ from launcher.run.states import AttemptOutcome, RunState, TaskState
 from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
-from worker.startpoint import StartPoint
+from worker.host.startpoint import StartPoint
 
 VERSION = 3
 STATE = "state.json"
@@ -256,7 +256,7 @@ class OldVersion(ValueError):
 # --------------------------------------------------------------------------- where runs live
 
 def load(run_id: str) -> RunRecord:
-    """The run `run_id` (launcher.listing says which one a command means); RunCorrupt names the file when it
+    """The run `run_id` (launcher.commands.listing says which one a command means); RunCorrupt names the file when it
     cannot be read."""
     if not RUN_ID.match(run_id):
         raise RunNotFound(f"{run_id!r} is not a run id (they look like 20261125-105854-ca98); 'mgpu-cluster ls' "

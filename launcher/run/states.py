@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from worker.protocol import EXIT_PREEMPTED
+from worker.host.protocol import EXIT_PREEMPTED
 
 
 class TaskState(str, enum.Enum):

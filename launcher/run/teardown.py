@@ -12,7 +12,7 @@ from launcher.run import watch
 from launcher.run.attempt import LiveAttempt
 from launcher.run.record import RunRecord
 from launcher.run.states import TaskState, end_state
-from worker import protocol
+from worker.host import protocol
 
 SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 TICK_S = 0.5

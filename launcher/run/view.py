@@ -10,7 +10,7 @@ from dataclasses import asdict
 from launcher.run import phases, record
 from launcher.run.progress import typed
 from launcher.run.states import RunState, TaskState
-from worker.protocol import EXIT_PREEMPTED, ProgressState
+from worker.host.protocol import EXIT_PREEMPTED, ProgressState
 
 EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 STARTING = "starting"  # shown, never recorded: a running task before its first step (shown_state)

@@ -15,11 +15,11 @@ from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, o
 from launcher.run.progress import step, typed
 from launcher.run.record import RunRecord
 from launcher.run.states import TaskState, end_state
-from launcher.spec import Launch
-from worker import protocol
-from worker.devices import GPUS_MAX, GpuFigures
+from launcher.spec.cluster import Launch
+from worker.host import protocol
+from worker.host.devices import GPUS_MAX, GpuFigures
 from worker.host import layout
-from worker.protocol import ProgressState
+from worker.host.protocol import ProgressState
 
 STOPPED = ("stopped", "tracing-stop")  # psutil's status of a process stopped by SIGSTOP or a debugger
 NOTICE_STATES = (ProgressState.PREEMPTING, ProgressState.PREEMPTED)

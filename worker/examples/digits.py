@@ -6,7 +6,7 @@ in a few seconds on CPU.
 
 from __future__ import annotations
 
-from worker.runner import DataContext, Task
+from worker.training.entrypoint import DataContext, Task
 
 
 def load(test_fraction: float = 0.2, seed: int = 0):
@@ -26,7 +26,7 @@ def load(test_fraction: float = 0.2, seed: int = 0):
 def build_model(keras=None):
     """The small CNN; `keras`: the Keras to build it with (tf_keras by default; Keras 3 for the JAX twin)."""
     if keras is None:
-        from worker.strategy import import_keras
+        from worker.tensorflow.strategy import import_keras
 
         keras = import_keras()
     layers = keras.layers

@@ -7,7 +7,7 @@ shards them itself).
 
 from __future__ import annotations
 
-from worker.entrypoint import DataContext, Task
+from worker.training.entrypoint import DataContext, Task
 from worker.examples import digits
 from worker.examples.digits import load
 

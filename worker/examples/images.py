@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 
-from worker.runner import DataContext, Task, WorkerError
+from worker.training.entrypoint import DataContext, Task, WorkerError
 
 SEED = 1234
 
 
 def index(folder: str, val_fraction: float, subset: str | None):
     """(file paths, labels, class names) of a folder split, without decoding any image."""
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     split = {"validation_split": val_fraction, "subset": subset} if subset else {}
@@ -48,7 +48,7 @@ def files_dataset(ctx: DataContext, paths, labels, image_size: int):
 
 
 def build_model(classes: int, image_size: int, alpha: float, weights: str | None):
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     layers = keras.layers

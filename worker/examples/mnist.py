@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from worker.runner import DataContext, Task
+from worker.training.entrypoint import DataContext, Task
 
 
 def load(data: str | None = None):
@@ -21,7 +21,7 @@ def load(data: str | None = None):
             (x_train, y_train), (x_test, y_test) = ((arrays["x_train"], arrays["y_train"]),
                                                     (arrays["x_test"], arrays["y_test"]))
     else:
-        from worker.strategy import import_keras
+        from worker.tensorflow.strategy import import_keras
 
         (x_train, y_train), (x_test, y_test) = import_keras().datasets.mnist.load_data()
 
@@ -33,7 +33,7 @@ def load(data: str | None = None):
 
 
 def build_model():
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     layers = keras.layers

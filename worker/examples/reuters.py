@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from worker.runner import DataContext, Task
+from worker.training.entrypoint import DataContext, Task
 
 MAX_LEN = 300
 
@@ -19,7 +19,7 @@ def load(data: str | None = None, maxlen: int = MAX_LEN):
     """((x_train, y_train), (x_test, y_test), vocabulary size, number of classes)."""
     import numpy as np
 
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     if data:
@@ -38,7 +38,7 @@ def load(data: str | None = None, maxlen: int = MAX_LEN):
 
 
 def build_model(words: int, classes: int, maxlen: int = MAX_LEN):
-    from worker.strategy import import_keras
+    from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
     layers = keras.layers

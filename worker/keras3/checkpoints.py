@@ -8,13 +8,13 @@ import json
 import os
 from typing import Any, Callable
 
-from worker.checkpoints import Preempted, backed_up, keep_spare, keeps_backup, notice, owner_after, spare_folder
-from worker.entrypoint import WorkerError
+from worker.training.checkpoints import Preempted, backed_up, keep_spare, keeps_backup, notice, owner_after, spare_folder
+from worker.training.entrypoint import WorkerError
 from worker.keras3.group import Group, alone
-from worker.startpoint import BACKUPS
-from worker.lines import say
+from worker.host.startpoint import BACKUPS
+from worker.training.lines import say
 
-BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's: worker.checkpoints.TF_BACKUP)
+BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's: worker.tensorflow.checkpoints.TF_BACKUP)
 
 
 def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from worker.entrypoint import DataContext, Task, WorkerError, first_set
+from worker.training.entrypoint import DataContext, Task, WorkerError, first_set
 from worker.keras3.group import Group
 
 

@@ -10,11 +10,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, MutableMapping
 
-from worker.errors import SettingError, WorkerError
-from worker.groupsize import check_replicas, check_workers
+from worker.training.errors import SettingError, WorkerError
+from worker.training.groupsize import check_replicas, check_workers
 from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID, TASK_INDEX
 from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
-from worker.protocol import EXIT_PREEMPTED
+from worker.host.protocol import EXIT_PREEMPTED
 
 
 def split_host(local_replicas: int | None, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -1,6 +1,6 @@
 """The built-in runner on Keras 3 with JAX: entrypoint -> group, data shares, model, fit, progress, save.
 
-The same `RunConfig` and `Task` as the TensorFlow runner (worker.runner); what differs: the Task's data builders
+The same `RunConfig` and `Task` as the TensorFlow runner (worker.training.config); what differs: the Task's data builders
 return NumPy arrays, checkpoints are per epoch, and TensorFlow-only settings are said and left out.
 """
 
@@ -13,21 +13,22 @@ import sys
 import time
 from typing import Any
 
-from worker import checkpoints
-from worker.checkpoints import (Preempted, claim, finished_agreed, finished_here, notice_held, start_point,
+from worker.training import checkpoints
+from worker.training.checkpoints import (Preempted, claim, finished_agreed, finished_here, notice_held, start_point,
                                 tell_finished)
 from worker.host import env
-from worker.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
+from worker.training.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
 from worker.keras3.data import feeds
 from worker.keras3.group import Group, alone, join, split_host, task_index
-from worker.progress import ProgressWriter
-from worker.progress_keras import callback_class
-from worker.protocol import ProgressState
-from worker.startpoint import look
-from worker.runner import (RunConfig, build_optimizer, finish, folders, learning_rate_for, nothing_left, save_model,
-                           settings)
-from worker.lines import say
+from worker.training.progress import ProgressWriter
+from worker.training.keras_progress import callback_class
+from worker.host.protocol import ProgressState
+from worker.host.startpoint import look
+from worker.training.config import RunConfig, folders, settings
+from worker.training.ending import finish, nothing_left, save_model
+from worker.training.optimizer import build_optimizer, learning_rate_for
+from worker.training.lines import say
 
 
 def import_keras3() -> Any:

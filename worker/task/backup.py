@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worker.startpoint import BACKUPS, FINISHED, OWNER, SPARES, Found, look
+from worker.host.startpoint import BACKUPS, FINISHED, OWNER, SPARES, Found, look
 
 CHUNK = 1 << 20
 STAGE_PREFIX = ".mgpu-copy-"  # a copy being written: never read as a backup, removed by the next install

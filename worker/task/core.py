@@ -1,5 +1,5 @@
 """The on-host task core: runs one task on its host, whoever started it (our supervisor over a pipe,
-`srun`, a Kubernetes pod), and reports on it in `worker.protocol` records on a Channel.
+`srun`, a Kubernetes pod), and reports on it in `worker.host.protocol` records on a Channel.
 
 It starts the training in its own process group (given SIGTERM if the core dies), keeps worker.log
 whole, forwards output (long lines cut, a flood thinned, never ahead of an exit or a beat), relays
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.devices import GpuMeter
+from worker.host.devices import GpuMeter
 from worker.host import env, layout
 from worker.host.spawn import OWN_GROUP, stop_group
 from worker.host.system import Meter, child_setup, port_holder, private_memory
@@ -34,7 +34,7 @@ from worker.task.lines import NOTE, Lines
 from worker.task.program import Program
 from worker.task.warm import Forked, NoServer, Server
 
-procs: Any = None  # worker.host.procs and worker.protocol: imported once the task runs (~30 ms)
+procs: Any = None  # worker.host.procs and worker.host.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
 
 GRACE_S = 1.0
@@ -53,7 +53,7 @@ WARM_TRIES = 3  # a fork server that dies while its standby holds it is started 
 
 def _import_rest() -> None:
     global procs, protocol
-    from worker import protocol
+    from worker.host import protocol
     from worker.host import procs
 
 
@@ -96,7 +96,7 @@ class TaskCore:
         self.program = Program.of(setup.argv, sys.executable) if setup.warm else None  # None: it starts cold
 
     # ---- what we say
-    def emit(self, event: Any) -> None:  # a worker.protocol.Event: imported once the task runs
+    def emit(self, event: Any) -> None:  # a worker.host.protocol.Event: imported once the task runs
         self.channel.send(protocol.encode(event))
 
     def note(self, text: str) -> None:

@@ -151,7 +151,7 @@ def _imports(ours: str | None) -> None:
             os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as the runner sets it, before TensorFlow
             import tensorflow  # noqa: F401
         if ours == "worker":
-            importlib.import_module("worker.keras3.runner" if jax else "worker.runner")
+            importlib.import_module("worker.keras3.runner" if jax else "worker.tensorflow.runner")
     except Exception:  # noqa: BLE001 (the program's own start will say what is wrong, in its words)
         pass
     _remembered()

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     core = TaskCore(setup, FileChannel(layout.events_file(task_dir, attempt)))
     signals.attach(core)
     code = core.run()
-    from worker.protocol import EXIT_PREEMPTED  # imported by the core once the task ran
+    from worker.host.protocol import EXIT_PREEMPTED  # imported by the core once the task ran
 
     # the notice was a preemption whether or not the task managed to save: the JobSet's rule restarts on 75
     return EXIT_PREEMPTED if core.notice and code != 0 else code

@@ -14,8 +14,8 @@ from typing import Any
 
 import psutil
 
-from worker.devices import GpuFigures, gpu_figures, task_rows
-from worker.protocol import FILE_MAX_BYTES, json_object
+from worker.host.devices import GpuFigures, gpu_figures, task_rows
+from worker.host.protocol import FILE_MAX_BYTES, json_object
 from worker.host import layout
 from worker.host import procs
 from worker.host.env import VISIBLE_DEVICES

@@ -99,7 +99,7 @@ def step_cluster(environ: dict[str, str]) -> tuple[list[str], dict[str, str], in
 def peer_failed(run: Path, attempt: int) -> bool:
     """Another task of this attempt already failed: a TERM now is Slurm ending the step
     (--kill-on-bad-exit), not a notice to save."""
-    from worker import protocol
+    from worker.host import protocol
 
     try:
         folders = [p for p in run.iterdir() if layout.task_index(p.name) is not None]

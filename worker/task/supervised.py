@@ -3,7 +3,7 @@ It runs one task under the task core (worker.task.core); no TensorFlow here.
 
     python -m worker.task.supervised --run-dir DIR [--attempt N] [--port P] [--env-stdin] [--standby] -- PROGRAM ARGS...
 
-Our stdout carries only `worker.protocol` records; the program's output goes to DIR/worker.log
+Our stdout carries only `worker.host.protocol` records; the program's output goes to DIR/worker.log
 whole and reaches the launcher inside Output records (long lines cut, a flood thinned), so the
 training can neither forge an event nor slow one down. With --env-stdin the first line of stdin
 is a JSON object of the task's environment (kept off every command line).
@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from worker.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO
 from worker.task.channel import PipeChannel
 from worker.task.core import GRACE_S, TaskCore, TaskSetup
 from worker.task.signals import Signals

@@ -11,8 +11,8 @@ from launcher.engines.base import Engine, EngineKind
 from launcher.engines.kubernetes.render import RUN_LABEL, host_pattern, manifest, pod_command, run_folder, to_yaml
 from launcher.engines.kubernetes.validate import validate
 from launcher.plan import TaskPlan, worker_argv
-from launcher.spec import Host
-from launcher.speck8s import pod_host
+from launcher.spec.cluster import Host
+from launcher.spec.kubernetes import pod_host
 from worker.host import layout
 from worker.host.env import POD_INDEX, PROCESS_ID, Backend, endpoint, keras_distribution
 

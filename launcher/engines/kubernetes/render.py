@@ -9,12 +9,12 @@ import json
 import math
 
 from launcher.plan import cpu_devices, mask_env, worker_argv
-from launcher.spec import ClusterSpec
-from launcher.speck8s import OWN_LABELS, REPLICATED_JOB, RUNS_VOLUME, SHM_VOLUME, Toleration, pod_host
+from launcher.spec.cluster import ClusterSpec
+from launcher.spec.kubernetes import OWN_LABELS, REPLICATED_JOB, RUNS_VOLUME, SHM_VOLUME, Toleration, pod_host
 from worker.host import layout
 from worker.host.env import Backend, pod_environment
 from worker.host.spawn import module_argv
-from worker.protocol import EXIT_PREEMPTED
+from worker.host.protocol import EXIT_PREEMPTED
 
 PREEMPTED_RULE = "preempted"
 RUN_LABEL = OWN_LABELS + "run"  # the run's id, the JobSet's name: kubectl logs -l mgpu-cluster/run=<name>

@@ -6,7 +6,7 @@ outside the values (or the pattern) that a field's own description in the models
 from __future__ import annotations
 
 from launcher.errors import MgpuError
-from launcher.speck8s import model_problems
+from launcher.spec.kubernetes import model_problems
 
 
 class ManifestError(MgpuError):

@@ -27,7 +27,7 @@ from launcher.engines.slurm.plan import Mode, given, mode_here, plan_slurm, run_
 from launcher.engines.slurm.script import show_environment
 from launcher.engines.slurm.step import AllocationStep
 from launcher.plan import TaskPlan
-from worker import protocol
+from worker.host import protocol
 from worker.host import layout
 from worker.host.clock import wait_until
 from worker.host.files import read_log, write_private

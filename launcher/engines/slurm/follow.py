@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.engines.base import Pump, Sink
-from worker import protocol
+from worker.host import protocol
 from worker.host import layout
 
 POLL_S = 0.2

@@ -11,7 +11,7 @@ from typing import Callable
 from launcher.engines.base import SchedulerEnd
 from launcher.engines.slurm.plan import Mode, job_name, run_folder
 from launcher.engines.slurm.watch import Watcher
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 
 Say = Callable[[str], None]
 

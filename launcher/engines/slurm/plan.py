@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from launcher.plan import TaskPlan, cpu_devices, worker_argv
-from launcher.spec import ClusterSpec, Host
+from launcher.spec.cluster import ClusterSpec, Host
 from worker.host import layout
 from worker.host.env import task_environment, visible_devices
 

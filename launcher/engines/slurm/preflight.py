@@ -9,7 +9,7 @@ import shutil
 from launcher.engines.slurm.commands import slurm
 from launcher.engines.slurm.job import gpus, parse_time, record_of
 from launcher.engines.slurm.script import batch_script, sbatch_options
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 from worker.task.lines import printable
 
 BATCH_TOOLS = ("sbatch", "squeue", "scontrol", "scancel")

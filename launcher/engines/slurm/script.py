@@ -11,7 +11,7 @@ from typing import Callable
 
 from launcher.engines.slurm.plan import JOB_OUT, described_environment, job_name, run_folder
 from launcher.plan import mask_env, worker_argv
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 from worker.host import layout
 from worker.host.env import Backend
 from worker.host.spawn import module_argv

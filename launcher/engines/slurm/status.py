@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.engines.slurm import job as jobs
 from launcher.run.states import TaskState
-from worker import protocol
+from worker.host import protocol
 from worker.host import layout
 
 TAIL_BYTES = 1 << 18  # what `status` reads of an events file: its last records

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from launcher.engines.base import BackupCopy, Result, parallel
 from launcher.engines.supervised.transport import Transport
 from launcher.plan import TaskPlan, checkpoint_folder
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 from worker.host.spawn import module_argv
-from worker.startpoint import options
+from worker.host.startpoint import options
 from worker.task.backup import STAGE_PREFIX, Held
 
 MODULE = "worker.task.backup"

@@ -11,7 +11,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from launcher.spec import Launch
+from launcher.spec.cluster import Launch
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 

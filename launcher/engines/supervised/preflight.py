@@ -1,5 +1,5 @@
 """Preflight: every host and port checked before anything starts. Per host: connect, sync, then ONE
-worker.doctor command for all its tasks (with the cluster check folded in); local tasks on this
+worker.preflight.doctor command for all its tasks (with the cluster check folded in); local tasks on this
 interpreter are checked in this process. Then Python and the backend's packages (TensorFlow and tf-keras,
 or jax and keras) must match everywhere."""
 
@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launcher import devices, links
+from launcher.preflight import devices, links
 from launcher.plan import TaskPlan
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 from launcher.engines.base import TaskCheck, parallel
 from launcher.engines.supervised.sync import run_sync
 from launcher.engines.supervised.transport import LocalTransport, Transport, env_line
 from worker.host.env import Backend
 from worker.host.spawn import module_argv
-from worker.packages import PACKAGES
-from worker.startpoint import Found, options
+from worker.preflight.packages import PACKAGES
+from worker.host.startpoint import Found, options
 from worker.task.lines import printable
 
 DOCTOR_TIMEOUT_S = 60.0
@@ -61,11 +61,11 @@ def same_interpreter(plan: TaskPlan) -> bool:
 
 
 def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
-    """A task as worker.doctor reads it; `cwd`: the doctor runs elsewhere than the task's folder."""
+    """A task as worker.preflight.doctor reads it; `cwd`: the doctor runs elsewhere than the task's folder."""
     t = spec.training
     doc = {"index": plan.index, "port": plan.host.port, "python": plan.python,
            "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
-    if t.entrypoint and options(plan.argv).folders:  # what the run would start from (launcher.resume decides)
+    if t.entrypoint and options(plan.argv).folders:  # what the run would start from (launcher.commands.resume decides)
         doc["checkpoint"] = options(plan.argv).folders
     if cwd and plan.cwd:
         doc["cwd"] = plan.cwd
@@ -94,7 +94,7 @@ def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[Task
 
 def doctor_argv(spec: ClusterSpec, group: list[TaskPlan], shared_cwd: bool) -> list[str]:
     t = spec.training
-    argv = module_argv(group[0].python, "worker.doctor")
+    argv = module_argv(group[0].python, "worker.preflight.doctor")
     argv += ["--entrypoint", t.entrypoint] if t.entrypoint else ["--program", t.command[0]]
     argv += ["--backend", t.backend.value] if t.backend is not Backend.TENSORFLOW else []
     for p in group:
@@ -136,7 +136,7 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
     (`check`), the doctor also imports the entrypoint, with the environment of the group's first task."""
     imports = not hold and spec.training.entrypoint is not None
     if isinstance(transport, LocalTransport) and same_interpreter(group[0]):
-        from worker import doctor
+        from worker.preflight import doctor
 
         docs = [task_doc(spec, p, cwd=True) for p in group]
         return doctor.check_host(docs, spec.training.entrypoint, None if spec.training.entrypoint

@@ -21,7 +21,7 @@ import paramiko
 from fabric import Connection
 
 from launcher.plan import TaskPlan
-from launcher.spec import Host, Launch
+from launcher.spec.cluster import Host, Launch
 from launcher.engines.supervised.sshconn import HostUnreachable, close_quietly, lines, open_connection
 from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.sftp import sync_over_sftp
@@ -29,7 +29,7 @@ from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, T
 from worker.host import layout
 from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
-from worker.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -212,7 +212,7 @@ class SSHTransport(Transport):
         return self.run(shell_command(argv, plan.cwd), timeout, stdin)
 
     def call_and_hold(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """As call(), for a command that prints one line and then waits (`worker.doctor --hold`): that
+        """As call(), for a command that prints one line and then waits (`worker.preflight.doctor --hold`): that
         line, with the channel kept for start(); or, when it ended instead, what call() would give."""
         deadline = time.monotonic() + timeout
         ch = self._exec(shell_command(argv, plan.cwd), timeout)

@@ -11,7 +11,7 @@ import paramiko
 from fabric import Connection
 
 from launcher.errors import MgpuError
-from launcher.spec import Host, Launch
+from launcher.spec.cluster import Host, Launch
 from launcher.engines.supervised.hostkeys import check_host_keys, hostkey_name
 from launcher.engines.supervised.transport import MAX_RECORD
 

@@ -14,7 +14,7 @@ from typing import Callable
 from launcher.engines.base import Sink, StandbyState
 from launcher.engines.supervised.transport import Handle, Transport
 from launcher.plan import TaskPlan
-from worker import protocol
+from worker.host import protocol
 
 REPLACEMENTS = 3  # per task and run: a standby that keeps dying (a broken environment) is not started again
 CLOSE_WAIT_S = 5.0  # a standby stops in well under a second (TERM, KILL after 0.5 s)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.plan import TaskPlan
-from launcher.spec import ClusterSpec
+from launcher.spec.cluster import ClusterSpec
 from launcher.engines.base import parallel
 from launcher.engines.supervised.transport import Transport
 

@@ -1,6 +1,6 @@
 """How the launcher reaches a host to start, watch and stop tasks: local processes here, SSH in ssh.py.
 
-A started task's supervisor speaks `worker.protocol` on its stdout; `pump` turns that stream into
+A started task's supervisor speaks `worker.host.protocol` on its stdout; `pump` turns that stream into
 calls on a Sink (events, output lines, and lines that are not records, which are never fatal).
 """
 
@@ -20,7 +20,7 @@ from launcher.plan import TaskPlan
 from worker.host import layout
 from worker.host.files import read_log
 from worker.host.spawn import OWN_GROUP
-from worker.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -40,7 +40,7 @@ class Handle(ABC):
 
     @abstractmethod
     def stop(self, broken: bool = False) -> None:
-        """`broken`: see Launching.stop; said as worker.protocol.BROKEN before the EOF."""
+        """`broken`: see Launching.stop; said as worker.host.protocol.BROKEN before the EOF."""
 
     @abstractmethod
     def begin(self) -> bool:

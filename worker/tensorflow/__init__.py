@@ -1,0 +1,1 @@
+"""The built-in runner on TensorFlow: MultiWorkerMirroredStrategy with tf-keras, its input pipelines, local replicas, checkpoints and step clock."""
