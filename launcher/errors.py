@@ -24,9 +24,13 @@ class RunNotFound(MgpuError):
 
 
 class RunFailed(MgpuError):
-    """A task failed and the run was stopped."""
+    """A task failed and the run was stopped (`exit_code`: 1, or the code a detached launcher ended with)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Interrupted(MgpuError):

@@ -63,7 +63,7 @@ def test_progress_frames_and_trailing_blanks_do_not_make_lines_differ():
     w = Window()
     w.add(0, "h", ["10%\r50%\r100% done  "], now=0.0)
     w.add(1, "h", ["100% done"], now=0.1)
-    assert [e.tasks for e in w.drain()] == [[0, 1]]
+    assert [e.printed_by for e in w.drain()] == [[0, 1]]
 
 
 def test_a_flood_is_never_held_beyond_the_bound():

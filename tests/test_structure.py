@@ -114,34 +114,44 @@ def test_the_task_environments_names_are_spelled_in_its_builder_alone():
 
 
 RECORD = REPO / "launcher" / "run" / "record.py"
-RECORD_TIMES = {"state", "started_at", "ended_at"}
+MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add",
+            "discard", "sort", "reverse"}
 
 
-def record_writes(tree: ast.AST) -> list[int]:
-    """Lines that write a record's state, its times or its phases: `x.state = ...` (not `self.`'s own),
-    `x.phases[k] = ...`, `x.phases.setdefault/update/pop(...)`."""
+def record_fields(tree: ast.AST) -> set[str]:
+    """Every field of every record class in launcher/run/record.py (the annotated names of its classes' bodies)."""
+    return {stmt.target.id for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            for stmt in node.body if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
+
+
+def record_writes(tree: ast.AST, fields: set[str]) -> list[int]:
+    """Lines that change a record's field: `x.field = ...` or `x.field += ...` (not `self.`'s own: another
+    class's), `x.field[k] = ...` and `del x.field[k]`, `x.field.append/update/pop/...(...)`."""
+    def field_of(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in fields and not (
+            isinstance(node.value, ast.Name) and node.value.id == "self")
+
     found = []
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else \
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
         for target in targets:
             for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                if isinstance(t, ast.Attribute) and t.attr in RECORD_TIMES and not (
-                        isinstance(t.value, ast.Name) and t.value.id == "self"):
+                if field_of(t) or isinstance(t, ast.Subscript) and field_of(t.value):
                     found.append(node.lineno)
-                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "phases":
-                    found.append(node.lineno)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr in ("setdefault", "update", "pop", "clear") and \
-                isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "phases":
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS and \
+                field_of(node.func.value):
             found.append(node.lineno)
-    return found
+    return sorted(found)
 
 
 def test_the_record_changes_only_through_its_own_transitions():
-    """A run's or task's state and times and an attempt's phases are written in launcher/run/record.py alone
-    (its transitions); watch, teardown, the agent and `status` call them."""
+    """Every field of the run record (the run's, each task's, each attempt's) is written in launcher/run/record.py
+    alone, by its transitions; the agent, watch, teardown, up and `status` call them."""
+    fields = record_fields(ast.parse(RECORD.read_text()))
+    assert {"state", "phases", "attempts", "hosts_lost", "proc_status", "progress", "engine", "restarts"} <= fields
     found = {f"{p.relative_to(REPO)}:{line}": None for p in sources("launcher") if p != RECORD
-             for line in record_writes(ast.parse(p.read_text()))}
+             for line in record_writes(ast.parse(p.read_text()), fields)}
     assert not found, sorted(found)
-    assert record_writes(ast.parse("t.state = 1\nrun.phases['x'] = 2\nrun.phases.setdefault('y', 3)\n")) == [1, 2, 3]
+    assert record_writes(ast.parse("t.state = 1\nrun.phases['x'] = 2\nrun.phases.setdefault('y', 3)\n"
+                                   "run.restarts += 1\nrun.attempts.append(a)\nself.state = 1\n"), fields) == [1, 2, 3, 4, 5]

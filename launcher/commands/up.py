@@ -42,7 +42,7 @@ def keep_findings(run: record.RunRecord, checks: list[TaskCheck]) -> None:
     an elastic run's new plans, get it from there: no preflight runs again)."""
     for c in checks:
         if c.env and not c.title:
-            run.task(c.plan.index).env_found.update(c.env)
+            run.task(c.plan.index).found(c.env)
 
 
 def check(spec_path: Path, as_json: bool = False) -> None:
@@ -125,7 +125,7 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
     """The run, once recorded: port claims, preflight, the agent; its end told and recorded whatever happens."""
     run = owner.record
     engine = launching(spec_path, engine_for(spec, run.run_id, landed=run))  # reads what the run learns from its record
-    run.engine = str(engine.kind)
+    run.engine_is(engine.kind)
     claims: list[Lock] = []
     t0 = time.time()
     try:

@@ -45,9 +45,8 @@ def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = F
                 f"watch, 'mgpu-cluster down {run_id}' to stop" if run.state == RunState.RUNNING else
                 f"run {run_id} already succeeded; 'mgpu-cluster logs {run_id}' shows its output")
         return
-    err = RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}")
-    err.exit_code = code if code in (1, 2, 130) else 1
-    raise err
+    raise RunFailed(f"run {run_id} ended before every task was running (exit {code}):\n{tail}",
+                    exit_code=code if code in (1, 2, 130) else 1)
 
 
 def _settled(proc: subprocess.Popen, run_id: str) -> tuple[record.RunRecord | None, int | None] | None:

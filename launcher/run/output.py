@@ -185,10 +185,10 @@ class Output:
                 self._print(item)
 
     def _print_entry(self, entry: Entry) -> None:
-        single = len(entry.tasks) == 1
-        style = COLOURS[entry.tasks[0] % len(COLOURS)] if single else "bold"
+        single = len(entry.printed_by) == 1
+        style = COLOURS[entry.printed_by[0] % len(COLOURS)] if single else "bold"
         self._print(Text(entry.prefix, style=style) + Text(entry.text, style="dim" if entry.note else ""))
-        for index in entry.tasks:
+        for index in entry.printed_by:
             self._printed(index, None if entry.note or self.broken else entry.text)
 
     def _printed(self, index: int, line: str | None) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
 from launcher.run.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
 from launcher.run.home import run_folder as run_path
-from launcher.engines.base import StandbyState
+from launcher.engines.base import EngineKind, StandbyState
 from worker.host.devices import GpuFigures
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
@@ -96,6 +96,26 @@ class TaskRecord:
     def left_out(self) -> None:
         """An elastic run goes on without it: its host no longer answers."""
         self.state = TaskState.LOST
+
+    def measured(self, status: str | None, cpu_percent: float | None, rss: int | None,
+                 gpus: list[GpuFigures] | None) -> None:
+        """What its supervisor measured of its process: a beat without figures keeps the last status, and an ended
+        process (no figures) keeps its last ones."""
+        if status is not None:
+            self.proc_status = status
+        if rss is not None:
+            self.cpu_percent, self.rss, self.gpus = cpu_percent, rss, gpus
+
+    def reported(self, progress: dict | None, beat: float | None) -> None:
+        """Its training's progress as read (typed, bounded: launcher.run.progress); `beat`: when it trained on
+        (its heartbeat), None where it has not trained a step since it started."""
+        self.progress = progress
+        if beat is not None:
+            self.heartbeat = beat
+
+    def found(self, env: dict[str, str]) -> None:
+        """What the preflight found for its environment (kept: a later attempt gets it, no preflight runs again)."""
+        self.env_found.update(env)
 
     def standby_is(self, standby: StandbyState | None) -> None:
         """Its standby as its engine last heard of it."""
@@ -188,6 +208,10 @@ class RunRecord:
         if state.ended:  # its launcher stops them as it exits (the engine's close)
             for t in self.tasks:
                 t.standby = None
+
+    def engine_is(self, kind: EngineKind) -> None:
+        """The engine that runs it (engines.base.EngineKind), once chosen."""
+        self.engine = str(kind)
 
     def job_known(self, job: dict) -> None:
         """A scheduler's job for the run (its id while it waits in the queue)."""

@@ -64,7 +64,7 @@ class Entry:
     """One line on screen: its text, the tasks that printed it and their hosts."""
 
     text: str
-    tasks: list[int]
+    printed_by: list[int]  # the tasks that printed this line alike
     hosts: list[str]
     at: float  # when it came (the caller's monotonic clock)
     seq: int
@@ -72,7 +72,7 @@ class Entry:
 
     @property
     def prefix(self) -> str:
-        return f"task{self.tasks[0]} {self.hosts[0]} | " if len(self.tasks) == 1 else f"{tasks_label(self.tasks)} | "
+        return f"task{self.printed_by[0]} {self.hosts[0]} | " if len(self.printed_by) == 1 else f"{tasks_label(self.printed_by)} | "
 
 
 # the worker's epoch line ends with the rate that task measured; the workers' metrics are all-reduced, so their
@@ -132,7 +132,7 @@ class Window:
             self.held.append(entry)
             self.last_seq[index] = entry.seq
             return
-        entry.tasks.append(index)
+        entry.printed_by.append(index)
         entry.hosts.append(host)
 
     def _join(self, entry: Entry, index: int) -> bool:
@@ -141,25 +141,25 @@ class Window:
         if entry.seq > self.last_seq.get(index, -1):
             self.last_seq[index] = entry.seq
             return True
-        if index in entry.tasks:
+        if index in entry.printed_by:
             return False
         tail = list(itertools.islice(reversed(self.held), JOIN_BACK))
         if entry not in tail:
             return False
         tail = tail[:tail.index(entry) + 1][::-1]  # from the entry to the newest
-        own = [e for e in tail[1:] if index in e.tasks]
-        if any(len(e.tasks) > 1 for e in own):
+        own = [e for e in tail[1:] if index in e.printed_by]
+        if any(len(e.printed_by) > 1 for e in own):
             return False
         for e in own:  # shown with the entry, never later than their own moment
             e.at = entry.at
-        moved = own + [entry] + [e for e in tail[1:] if index not in e.tasks]
+        moved = own + [entry] + [e for e in tail[1:] if index not in e.printed_by]
         for _ in tail:
             self.held.pop()
         first = entry.seq
         for n, e in enumerate(moved):
             e.seq = first + n
             self.held.append(e)
-            for t in e.tasks:
+            for t in e.printed_by:
                 self.last_seq[t] = e.seq
         self.last_seq[index] = entry.seq
         return True
@@ -191,7 +191,7 @@ class Window:
         """The task's traceback held so far (an abort seen only at its end): taken off the screen; how many."""
         taken: list[Entry] = []
         for entry in reversed(self.held):
-            if index not in entry.tasks or entry.text.startswith(NOTE):
+            if index not in entry.printed_by or entry.text.startswith(NOTE):
                 continue
             if entry.note or not ABORT_REST.match(entry.text):
                 break
@@ -199,10 +199,10 @@ class Window:
             if entry.text == TRACEBACK:
                 break
         for entry in taken:
-            at = entry.tasks.index(index)
-            del entry.tasks[at], entry.hosts[at]
+            at = entry.printed_by.index(index)
+            del entry.printed_by[at], entry.hosts[at]
         if taken:
-            self.held = collections.deque(e for e in self.held if e.tasks)
-            self.latest = {k: e for k, e in self.latest.items() if e.tasks}
-            self.last_seq[index] = max((e.seq for e in self.held if index in e.tasks), default=-1)
+            self.held = collections.deque(e for e in self.held if e.printed_by)
+            self.latest = {k: e for k, e in self.latest.items() if e.printed_by}
+            self.last_seq[index] = max((e.seq for e in self.held if index in e.printed_by), default=-1)
         return len(taken)

@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 from launcher.run import phases, record
 from launcher.run.progress import typed
-from launcher.run.states import RunState, TaskState
-from worker.host.protocol import EXIT_PREEMPTED, ProgressState
+from launcher.run.states import RunState, TaskState, end_state
+from worker.host.protocol import ProgressState
 
 EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 STARTING = "starting"  # shown, never recorded: a running task before its first step (shown_state)
@@ -21,10 +21,8 @@ def _task_state(row: dict) -> TaskState:
         return TaskState.RUNNING
     if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
         return TaskState(row["state"])
-    code = row.get("exit_code")
-    if code is None:
-        return TaskState.LOST
-    return {0: TaskState.SUCCEEDED, EXIT_PREEMPTED: TaskState.PREEMPTED}.get(code, TaskState.FAILED)
+    code = row.get("exit_code")  # its host kept no exit code: its process went away unreported
+    return end_state(TaskState.RUNNING, code, notice=False, lost=code is None)
 
 
 def shown_state(state: TaskState, progress: dict) -> str:

@@ -49,16 +49,15 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
         live.saw_start(index)
         task.started(ev.pid, ev.create_time, ev.supervisor_pid, ev.warm, ev.host, ev.port, now)
     elif isinstance(ev, protocol.Stats):
-        if ev.status is not None:  # else a beat without figures
-            task.proc_status = ev.status
-        if ev.rss is not None:  # an ended process has no figures: its last ones stay
-            task.cpu_percent, task.rss = ev.cpu_percent, ev.rss
-            task.gpus = [f for f in map(GpuFigures.parse, (ev.gpus or [])[:GPUS_MAX]) if f] or None
+        task.measured(ev.status, ev.cpu_percent, ev.rss,
+                      [f for f in map(GpuFigures.parse, (ev.gpus or [])[:GPUS_MAX]) if f] or None)
     elif isinstance(ev, protocol.Progress):
-        task.progress = p = typed(ev.progress)  # written by the training: untrusted
+        p = typed(ev.progress)  # written by the training: untrusted
         # the heartbeat counts once the task has trained a step (imports, set-up, tracing are no hang)
-        if index in live.progressed or step(p) > step(p, "first_global_step"):
-            task.heartbeat, live.progressed[index] = now, time.monotonic()
+        trained = index in live.progressed or step(p) > step(p, "first_global_step")
+        task.reported(p, now if trained else None)
+        if trained:
+            live.progressed[index] = time.monotonic()
         if step(p) > 0:
             run.mark("first_step", now)
     elif isinstance(ev, protocol.Exit):
