@@ -23,7 +23,7 @@ from launcher.run.home import RUN_ID, run_folder, runs_dir
 from launcher.run import record
 from launcher.run.lock import Lock
 from launcher.run.failure import FailureKind
-from launcher.run.states import RunState
+from launcher.run.states import RunPhase, RunState
 from worker.host import layout
 
 
@@ -67,7 +67,7 @@ def refused(run: record.RunRecord) -> bool:
 
 def past_preflight(run: record.RunRecord) -> bool:
     """Its preflight passed: its tasks were started."""
-    return "preflight_s" in run.phases
+    return RunPhase.PREFLIGHT_S in run.phases
 
 
 def ended_in_preflight(run: record.RunRecord) -> bool:

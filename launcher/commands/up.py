@@ -19,7 +19,7 @@ from launcher.commands.resume import resume_hint, resumed, resumed_args, start_p
 from launcher.spec.cluster import ClusterSpec
 from launcher.spec.file import load_spec
 from launcher.run.tables import checks_table, refused, summary
-from launcher.run.states import RunState
+from launcher.run.states import RunPhase, RunState
 
 
 def refuse(checks) -> None:
@@ -138,7 +138,7 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         if spec.training.entrypoint:  # the built-in runner's checkpoint (a command keeps its own)
             run.set_start(start_point(checks, engine.kind, run.run_id, spec_path))
             out.say(f"run {run.run_id} {run.start.words()}")
-        run.took("preflight_s", time.time() - t0)
+        run.took(RunPhase.PREFLIGHT_S, time.time() - t0)
         out.say(f"starting {len(run.tasks)} task(s); logs in {record.run_path(run.run_id)}")
         agent = Agent(spec, engine, owner, out)
         try:
@@ -199,13 +199,13 @@ def say_straggler(out, run) -> None:
 
 def phases(run) -> str:
     ph, parts = run.phases, []
-    if "preflight_s" in ph:
+    if RunPhase.PREFLIGHT_S in ph:
         parts.append(f"preflight {ph['preflight_s']:.2f} s")
-    if "all_started" in ph and "spawn_started" in ph:
+    if RunPhase.ALL_STARTED in ph and RunPhase.SPAWN_STARTED in ph:
         parts.append(f"spawn {ph['all_started'] - ph['spawn_started']:.2f} s")
-    if "first_step" in ph and "spawn_started" in ph:
+    if RunPhase.FIRST_STEP in ph and RunPhase.SPAWN_STARTED in ph:
         parts.append(f"to first step {ph['first_step'] - ph['spawn_started']:.2f} s")
-    if "first_step" in ph and "end" in ph:
+    if RunPhase.FIRST_STEP in ph and RunPhase.END in ph:
         parts.append(f"training {ph['end'] - ph['first_step']:.2f} s")
     restarts = restarts_words(run)
     return "phases: " + (", ".join(parts) or "none recorded") + (f"; {restarts}" if restarts else "")

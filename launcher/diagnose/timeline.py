@@ -9,7 +9,7 @@ from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
 from launcher.run.phases import ESTIMATED, UNPRINTED, restart_line, unprinted_words
 from launcher.run.progress import real, whole
-from launcher.run.states import AttemptOutcome, RunState
+from launcher.run.states import AttemptOutcome, AttemptPhase, RunPhase, RunState
 
 OUTCOMES = {str(o) for o in AttemptOutcome}
 KINDS = {str(k) for k in FailureKind}
@@ -25,7 +25,7 @@ def refused(run: dict) -> bool:
     """It ended in its preflight: no task was ever started (launcher.commands.listing.ended_in_preflight)."""
     ended = run.get("state") in ENDED or real(run.get("ended_at")) is not None
     phases = run.get("phases")
-    return ended and not (isinstance(phases, dict) and "preflight_s" in phases)
+    return ended and not (isinstance(phases, dict) and RunPhase.PREFLIGHT_S in phases)
 
 
 def open_end(run: dict, newest: float | None, now: float | None) -> float | None:
@@ -34,7 +34,7 @@ def open_end(run: dict, newest: float | None, now: float | None) -> float | None
     if real(run.get("ended_at")) is not None:
         return None
     ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
-    known = [run.get("created_at"), *(ph.get(k) for k in ("spawn_started", "all_started", "first_step")),
+    known = [run.get("created_at"), *(ph.get(k) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP)),
              *(a.get("started_at") for a in items(run.get("attempts"))),
              *(t.get("heartbeat") for t in items(run.get("tasks"))), newest if newest is not None else now]
     known = [x for x in map(real, known) if x is not None and (now is None or x <= now)]
@@ -45,13 +45,13 @@ def phases(run: dict, clock: Clock, until: float | None = None) -> list[dict]:
     """Preflight, start, first step, training and teardown, as far as recorded; `until`: where training ends
     in a run that has not ended (open_end(), absolute)."""
     ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
-    t0, at = real(run.get("created_at")), {k: real(ph.get(k)) for k in ("spawn_started", "all_started", "first_step",
-                                                                         "end", "preflight_s")}
+    t0, at = real(run.get("created_at")), {k: real(ph.get(k)) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP,
+                                                                         RunPhase.END, RunPhase.PREFLIGHT_S)}
     attempts = items(run.get("attempts"))
     end = at["end"] or (real(attempts[-1].get("ended_at")) if attempts else None) or until
-    preflight_end = at["spawn_started"] or (t0 + at["preflight_s"] if t0 and at["preflight_s"] is not None else None)
-    marks = [("preflight", t0, preflight_end), ("start", at["spawn_started"], at["all_started"]),
-             ("first step", at["all_started"], at["first_step"]), ("training", at["first_step"], end),
+    preflight_end = at[RunPhase.SPAWN_STARTED] or (t0 + at[RunPhase.PREFLIGHT_S] if t0 and at[RunPhase.PREFLIGHT_S] is not None else None)
+    marks = [("preflight", t0, preflight_end), ("start", at[RunPhase.SPAWN_STARTED], at[RunPhase.ALL_STARTED]),
+             ("first step", at[RunPhase.ALL_STARTED], at[RunPhase.FIRST_STEP]), ("training", at[RunPhase.FIRST_STEP], end),
              ("teardown", end, real(run.get("ended_at")))]
     found = [{"name": name, "start": clock(a), "end": clock(b)} for name, a, b in marks]
     return [p for p in found if p["start"] is not None and p["end"] is not None and p["end"] >= p["start"]]
@@ -132,21 +132,21 @@ def restarts(run: dict, clock: Clock) -> list[dict]:
         before = a
         if not number or start is None or not ph:
             continue
-        copied = start + ph.get("copy_s", 0.0)  # the backup brought to every host before the spawn (SSH hosts)
-        spawned = copied + ph.get("spawn_s", 0.0)
-        marks = [("detected", ph.get("failed_at"), ph.get("detected_s")),
-                 ("teardown", prev_end - ph["teardown_s"] if prev_end and "teardown_s" in ph else None,
-                  ph.get("teardown_s")),
-                 ("backup copy", start, ph.get("copy_s")), ("spawn", copied, ph.get("spawn_s")),
-                 ("first step", spawned, ph.get("first_step_s"))]
-        if "back_s" in ph and "failed_at" in ph and "first_step_s" in ph:  # its first step until back where it was
-            stepped = spawned + ph["first_step_s"]
-            marks.append(("steps redone", stepped, ph["failed_at"] + ph["back_s"] - stepped))
+        copied = start + ph.get(AttemptPhase.COPY_S, 0.0)  # the backup brought to every host before the spawn (SSH hosts)
+        spawned = copied + ph.get(AttemptPhase.SPAWN_S, 0.0)
+        marks = [("detected", ph.get(AttemptPhase.FAILED_AT), ph.get(AttemptPhase.DETECTED_S)),
+                 ("teardown", prev_end - ph[AttemptPhase.TEARDOWN_S] if prev_end and AttemptPhase.TEARDOWN_S in ph else None,
+                  ph.get(AttemptPhase.TEARDOWN_S)),
+                 ("backup copy", start, ph.get(AttemptPhase.COPY_S)), ("spawn", copied, ph.get(AttemptPhase.SPAWN_S)),
+                 ("first step", spawned, ph.get(AttemptPhase.FIRST_STEP_S))]
+        if AttemptPhase.BACK_S in ph and AttemptPhase.FAILED_AT in ph and AttemptPhase.FIRST_STEP_S in ph:  # its first step until back where it was
+            stepped = spawned + ph[AttemptPhase.FIRST_STEP_S]
+            marks.append(("steps redone", stepped, ph[AttemptPhase.FAILED_AT] + ph[AttemptPhase.BACK_S] - stepped))
         parts = [{"name": name, "start": clock(at), "end": clock(at + took),
-                  "estimated": name == "steps redone" and "back_s" in guessed}
+                  "estimated": name == "steps redone" and AttemptPhase.BACK_S in guessed}
                  for name, at, took in marks if at is not None and took is not None]
         unprinted = _numbers(raw.get(UNPRINTED))
-        told = {**{k: v for k, v in ph.items() if k != "failed_at"}, **({UNPRINTED: unprinted} if unprinted else {}),
+        told = {**{k: v for k, v in ph.items() if k != AttemptPhase.FAILED_AT}, **({UNPRINTED: unprinted} if unprinted else {}),
                 ESTIMATED: guessed}
         found.append({"attempt": number, "phases": told, "line": restart_line(number, told, epochs=False),
                       "parts": [p for p in parts if p["start"] is not None and p["end"] is not None]})

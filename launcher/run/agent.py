@@ -25,7 +25,7 @@ from launcher.run.output import Output
 from launcher.run.progress import without_told
 from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
-from launcher.run.states import RunState, TaskState
+from launcher.run.states import RunPhase, RunState, TaskState
 from launcher.spec.cluster import ClusterSpec
 from worker.host import protocol
 
@@ -162,7 +162,7 @@ class Agent:
         self.share_backup(number)
         for i in tasks:
             run.task(i).begin(number)
-        run.mark("spawn_started")
+        run.mark(RunPhase.SPAWN_STARTED)
         self.owner.save()
         live = self.current = LiveAttempt(number, tasks)
         self.marks.spawning()
@@ -177,7 +177,7 @@ class Agent:
         self.owner.save()
         failure = failure or self.follow(live)
         if failure is None and live.preempted_at is None:
-            run.mark("end")
+            run.mark(RunPhase.END)
             return self.end_attempt(Outcome.SUCCEEDED, None)
         return self.conclude(live, failure)
 
@@ -228,7 +228,7 @@ class Agent:
             if self.run.state == RunState.STARTING and live.all_started:
                 self.marks.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
                 self.run.set_state(RunState.RUNNING)
-                self.run.mark("all_started")
+                self.run.mark(RunPhase.ALL_STARTED)
                 self.owner.save()
             if not live.live:  # all ended, none failed or was preempted
                 return None

@@ -12,13 +12,14 @@ import time
 from launcher.engines.base import BackupCopy
 from launcher.run.progress import step
 from launcher.run.record import Attempt, RunRecord
+from launcher.run.states import AttemptPhase
 from worker.host import protocol
 
 # the parts of a restart, in order, and their words
-PARTS = (("detected_s", "detected"), ("teardown_s", "teardown"), ("copy_s", "backup copy"), ("spawn_s", "spawn"),
-         ("first_step_s", "to first step"))
-ESTIMATED = "estimated"  # a phases key: the names of its figures that are estimates, not measured
-UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose lines never reached the launcher
+PARTS = ((AttemptPhase.DETECTED_S, "detected"), (AttemptPhase.TEARDOWN_S, "teardown"), (AttemptPhase.COPY_S, "backup copy"), (AttemptPhase.SPAWN_S, "spawn"),
+         (AttemptPhase.FIRST_STEP_S, "to first step"))
+ESTIMATED = AttemptPhase.ESTIMATED
+UNPRINTED = AttemptPhase.UNPRINTED
 
 
 def seconds(since: float, until: float) -> float:
@@ -63,15 +64,15 @@ class Phases:
         """`reached_step`: where the attempt before got to (reached(), before the tasks' progress is reset; its
         own marks carry it forward to its failure); `carried`: what its end gave (ended())."""
         carried = dict(carried)
-        told, guessed = carried.pop("epoch_told", None), carried.pop(ESTIMATED, [])
+        told, guessed = carried.pop(AttemptPhase.EPOCH_TOLD, None), carried.pop(ESTIMATED, [])
         self.told: int | None = None if told is None else int(told)  # the last epoch whose line reached us
         self.told_before = self.told  # (or the epoch before the run's first)
-        self.attempt, self.reached = attempt, max(reached_step, int(carried.get("reached_step", 0)))
+        self.attempt, self.reached = attempt, max(reached_step, int(carried.get(AttemptPhase.REACHED_STEP, 0)))
         for name, value in carried.items():  # detected_s, teardown_s, failed_at and reached_step of the attempt before
-            attempt.measured(name, value)
-        if "reached_step" in carried:
-            attempt.measured("reached_step", self.reached)
-            self.mark("reached_step", "reached_step" in guessed and self.reached > reached_step)
+            attempt.measured(AttemptPhase(name), value)
+        if AttemptPhase.REACHED_STEP in carried:
+            attempt.measured(AttemptPhase.REACHED_STEP, self.reached)
+            self.mark(AttemptPhase.REACHED_STEP, AttemptPhase.REACHED_STEP in guessed and self.reached > reached_step)
         self.spawn_at: float | None = None
         self.started_at: float | None = None
         self.detected: tuple[float, float] | None = None  # (when the failing task ended, when the agent knew)
@@ -81,10 +82,10 @@ class Phases:
         self.idle = False  # the last record read was of a group not training (validating, saving, at an epoch's end)
         self.total = self.per_epoch = 0  # the training's steps in all and per epoch, where its progress says
 
-    def mark(self, name: str, estimate: bool) -> None:
+    def mark(self, name: AttemptPhase, estimate: bool) -> None:
         """Phase `name` is an estimate (or measured) from now on."""
         ph = self.attempt.phases
-        names = [n for n in ph.get(ESTIMATED, []) if n != name] + ([name] if estimate else [])
+        names = [n for n in ph.get(ESTIMATED, []) if n != name] + ([name.value] if estimate else [])
         self.attempt.measured(ESTIMATED, names)
 
     def failed(self, run: RunRecord, index: int | None, ev: protocol.Event | None) -> None:
@@ -100,11 +101,11 @@ class Phases:
         failure_at, detected_at = self.detected or (None, None)
         carried: dict = ended(failure_at, detected_at, self.decided_at, stopped_at)
         if failure_at is not None and self.points:
-            carried["reached_step"] = self.step_at(failure_at)
-            if carried["reached_step"] > self.points[-1][0]:
-                carried[ESTIMATED] = ["reached_step"]
+            carried[AttemptPhase.REACHED_STEP] = self.step_at(failure_at)
+            if carried[AttemptPhase.REACHED_STEP] > self.points[-1][0]:
+                carried[ESTIMATED] = [AttemptPhase.REACHED_STEP]
         if self.told is not None:
-            carried["epoch_told"] = self.told
+            carried[AttemptPhase.EPOCH_TOLD] = self.told
         return carried
 
     def step_at(self, when: float) -> int:
@@ -148,8 +149,8 @@ class Phases:
 
     def copied(self, copy: BackupCopy) -> None:
         """The run's backup was brought to every host that restores (engines.base.BackupCopy): its time and bytes."""
-        self.attempt.measured("copy_s", copy.seconds)
-        self.attempt.measured("copy_bytes", copy.bytes)
+        self.attempt.measured(AttemptPhase.COPY_S, copy.seconds)
+        self.attempt.measured(AttemptPhase.COPY_BYTES, copy.bytes)
 
     def spawning(self) -> None:
         self.spawn_at = time.time()
@@ -158,8 +159,8 @@ class Phases:
         """Every task started, `warm` of them from their standbys."""
         if self.spawn_at is not None and self.started_at is None:
             self.started_at = now
-            self.attempt.measured("spawn_s", seconds(self.spawn_at, now))
-            self.attempt.measured("warm_tasks", warm)
+            self.attempt.measured(AttemptPhase.SPAWN_S, seconds(self.spawn_at, now))
+            self.attempt.measured(AttemptPhase.WARM_TASKS, warm)
 
     def progress(self, progress: dict, now: float) -> Mark | None:
         """A progress record: the mark it is, if any. Its first trained step records first_step_s and, after
@@ -170,25 +171,25 @@ class Phases:
         moved = self.seen(progress, now)
         if step(progress) <= step(progress, "first_global_step"):
             return None
-        if "first_step_s" in ph:
+        if AttemptPhase.FIRST_STEP_S in ph:
             return self.back(before, self.points[-1]) if moved else None
         at = progress.get("first_step_at")  # the task's own time of its first step (the record is read later)
         start = self.started_at or self.spawn_at or now
         at = min(max(at, start), now) if isinstance(at, (int, float)) else now
-        self.attempt.measured("first_step_s", seconds(start, at))
-        if "failed_at" in ph:
-            self.attempt.measured("took_s", seconds(ph["failed_at"], at))
+        self.attempt.measured(AttemptPhase.FIRST_STEP_S, seconds(start, at))
+        if AttemptPhase.FAILED_AT in ph:
+            self.attempt.measured(AttemptPhase.TOOK_S, seconds(ph[AttemptPhase.FAILED_AT], at))
         self.first_epoch(step(progress, "first_epoch"))
         if self.attempt.number > 0 and "first_global_step" in progress:  # a script of its own may not say
-            self.attempt.measured("resumed_step", step(progress, "first_global_step"))
-            if "reached_step" in ph and ph["resumed_step"] >= self.reached:  # it got as far as it saved: measured
-                self.reached = ph["resumed_step"]
-                self.attempt.measured("reached_step", self.reached)
-                self.mark("reached_step", False)
-            self.attempt.measured("steps_redone", max(0, self.reached - ph["resumed_step"]))
-            self.mark("steps_redone", estimated(ph, "reached_step"))
+            self.attempt.measured(AttemptPhase.RESUMED_STEP, step(progress, "first_global_step"))
+            if AttemptPhase.REACHED_STEP in ph and ph[AttemptPhase.RESUMED_STEP] >= self.reached:  # it got as far as it saved: measured
+                self.reached = ph[AttemptPhase.RESUMED_STEP]
+                self.attempt.measured(AttemptPhase.REACHED_STEP, self.reached)
+                self.mark(AttemptPhase.REACHED_STEP, False)
+            self.attempt.measured(AttemptPhase.STEPS_REDONE, max(0, self.reached - ph[AttemptPhase.RESUMED_STEP]))
+            self.mark(AttemptPhase.STEPS_REDONE, estimated(ph, AttemptPhase.REACHED_STEP))
             if self.points:  # (a record with a time: its first step is one of them)
-                self.back((ph["resumed_step"] + 1, at), self.points[-1])
+                self.back((ph[AttemptPhase.RESUMED_STEP] + 1, at), self.points[-1])
         return Mark.FIRST_STEP
 
     def first_epoch(self, epoch: int) -> None:
@@ -206,18 +207,18 @@ class Phases:
         time of an estimated step). None where the attempt before trained no step it told (it failed starting:
         its restart's cost is took_s)."""
         ph = self.attempt.phases
-        if "back_s" in ph or not {"failed_at", "reached_step", "resumed_step"} <= set(ph) or now[0] < self.reached:
+        if AttemptPhase.BACK_S in ph or not {AttemptPhase.FAILED_AT, AttemptPhase.REACHED_STEP, AttemptPhase.RESUMED_STEP} <= set(ph) or now[0] < self.reached:
             return None
         (g0, t0), (g1, t1) = before or now, now
         at = t0 if g0 >= self.reached else t0 + (self.reached - g0) / (g1 - g0) * (t1 - t0)  # g0 < reached <= g1
-        self.attempt.measured("back_s", seconds(ph["failed_at"], at))
-        self.mark("back_s", g0 < self.reached < g1 or estimated(ph, "reached_step"))
+        self.attempt.measured(AttemptPhase.BACK_S, seconds(ph[AttemptPhase.FAILED_AT], at))
+        self.mark(AttemptPhase.BACK_S, g0 < self.reached < g1 or estimated(ph, AttemptPhase.REACHED_STEP))
         return Mark.BACK
 
 
 def ended(failure_at: float | None, detected_at: float | None, decided_at: float, stopped_at: float) -> dict:
     """What an attempt's end gives the next attempt: detected_s, teardown_s and failed_at (for took_s)."""
-    carried: dict[str, float] = {"teardown_s": seconds(decided_at, stopped_at)}
+    carried: dict[str, float] = {AttemptPhase.TEARDOWN_S: seconds(decided_at, stopped_at)}
     if failure_at is not None and detected_at is not None:
         carried.update(failed_at=failure_at, detected_s=seconds(failure_at, detected_at))
     return carried
@@ -226,7 +227,7 @@ def ended(failure_at: float | None, detected_at: float | None, decided_at: float
 def told(attempt: Attempt) -> dict:
     """The phases in seconds and steps, as `status --json` gives them (failed_at, a unix time, stays in the
     record), with `estimated`: the names of those that are estimates ([] where none is)."""
-    return {**{k: v for k, v in attempt.phases.items() if k != "failed_at"},
+    return {**{k: v for k, v in attempt.phases.items() if k != AttemptPhase.FAILED_AT},
             ESTIMATED: list(attempt.phases.get(ESTIMATED, []))}
 
 
@@ -239,14 +240,14 @@ def restart_line(number: int, ph: dict, epochs: bool = True) -> str:
     """Attempt `number`'s phases `ph` in one line: 'restart 1 took 3.1 s: detected 0.1 s, teardown 1.0 s, spawn
     0.3 s, to first step 1.5 s, about 12 step(s) redone; back at about step 40 after about 3.4 s' (the report
     tells them too), with the epochs saved but never told (unprinted_words) where `epochs`."""
-    parts = [f"{words} {ph[key]:.1f} s" + (f" ({ph['copy_bytes'] / 1e6:.1f} MB)" if key == "copy_s" and
-                                           ph.get("copy_bytes") else "") for key, words in PARTS if key in ph]
-    if "steps_redone" in ph:
+    parts = [f"{words} {ph[key]:.1f} s" + (f" ({ph['copy_bytes'] / 1e6:.1f} MB)" if key == AttemptPhase.COPY_S and
+                                           ph.get(AttemptPhase.COPY_BYTES) else "") for key, words in PARTS if key in ph]
+    if AttemptPhase.STEPS_REDONE in ph:
         parts.append(f"{about(ph, 'steps_redone')}{ph['steps_redone']:.0f} step(s) redone")
-    took = f" took {ph['took_s']:.1f} s" if "took_s" in ph else ""
-    warm = f" ({ph['warm_tasks']:.0f} task(s) from standbys)" if ph.get("warm_tasks") else ""
+    took = f" took {ph['took_s']:.1f} s" if AttemptPhase.TOOK_S in ph else ""
+    warm = f" ({ph['warm_tasks']:.0f} task(s) from standbys)" if ph.get(AttemptPhase.WARM_TASKS) else ""
     unprinted = unprinted_words(number, ph) if epochs else ""
-    return (f"restart {number}{took}{warm}: " + ", ".join(parts) + (f"; {back_words(ph)}" if "back_s" in ph else "")
+    return (f"restart {number}{took}{warm}: " + ", ".join(parts) + (f"; {back_words(ph)}" if AttemptPhase.BACK_S in ph else "")
             + (f"; {unprinted}" if unprinted else ""))
 
 
@@ -278,7 +279,7 @@ def copy_line(copy: BackupCopy, to: list[str], source: str, attempt: int) -> str
 
 def back_words(ph: dict) -> str:
     """'back at step 40 after 3.4 s': when the restarted group had trained again to where the failed one got."""
-    at = f" at {about(ph, 'reached_step')}step {ph['reached_step']:.0f}" if "reached_step" in ph else ""
+    at = f" at {about(ph, 'reached_step')}step {ph['reached_step']:.0f}" if AttemptPhase.REACHED_STEP in ph else ""
     return f"back{at} after {about(ph, 'back_s')}{ph['back_s']:.1f} s"
 
 
@@ -290,16 +291,16 @@ def back_line(number: int, ph: dict) -> str:
 
 def restarts_words(run: RunRecord) -> str:
     """What restarts cost in all, for the run's summary: '1 restart(s) cost 3.1 s in all until ...'; '' without."""
-    later = [a for a in run.attempts if a.number > 0 and "took_s" in a.phases]
+    later = [a for a in run.attempts if a.number > 0 and AttemptPhase.TOOK_S in a.phases]
     if not later:
         return ""
-    total = sum(a.phases["took_s"] for a in later)
+    total = sum(a.phases[AttemptPhase.TOOK_S] for a in later)
     parts = [f"{words} {sum(a.phases.get(key, 0.0) for a in later):.1f} s" for key, words in PARTS
              if any(key in a.phases for a in later)]
-    redone = sum(a.phases.get("steps_redone", 0) for a in later)
-    redone_about = "about " if any(estimated(a.phases, "steps_redone") for a in later) else ""
-    back = [a.phases["back_s"] for a in later if "back_s" in a.phases]
-    back_about = "about " if any(estimated(a.phases, "back_s") for a in later) else ""
+    redone = sum(a.phases.get(AttemptPhase.STEPS_REDONE, 0) for a in later)
+    redone_about = "about " if any(estimated(a.phases, AttemptPhase.STEPS_REDONE) for a in later) else ""
+    back = [a.phases[AttemptPhase.BACK_S] for a in later if AttemptPhase.BACK_S in a.phases]
+    back_about = "about " if any(estimated(a.phases, AttemptPhase.BACK_S) for a in later) else ""
     words = (f"; back at the steps reached after {back_about}{sum(back):.1f} s in all" if len(back) == len(later)
              else f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all"
              if back else "")

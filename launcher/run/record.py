@@ -24,7 +24,7 @@ from launcher.run import fields, files
 from launcher.run.failure import Failure
 from launcher.run.fields import Count, Percent, Pid, Port, Time
 from launcher.run.lock import Lock
-from launcher.run.states import AttemptOutcome, RunState, TaskState
+from launcher.run.states import AttemptOutcome, AttemptPhase, RunPhase, RunState, TaskState
 from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
@@ -153,9 +153,9 @@ class Attempt:
         """It failed by losing hosts, and the run goes on without them: its outcome says so."""
         self.outcome = AttemptOutcome.SHRUNK
 
-    def measured(self, name: str, value: float | list[str] | list[int]) -> None:
+    def measured(self, name: AttemptPhase, value: float | list[str] | list[int]) -> None:
         """One of its phases (launcher.run.phases computes them; this is where they are kept)."""
-        self.phases[name] = value
+        self.phases[name.value] = value
 
 
 @dataclass
@@ -236,13 +236,13 @@ class RunRecord:
         self.task(index).left_out()
         self.hosts_lost.append(index)
 
-    def mark(self, phase: str, at: float | None = None) -> None:
+    def mark(self, phase: RunPhase, at: float | None = None) -> None:
         """When the run's phase `phase` began: its first time only."""
-        self.phases.setdefault(phase, time.time() if at is None else at)
+        self.phases.setdefault(phase.value, time.time() if at is None else at)
 
-    def took(self, phase: str, seconds: float) -> None:
+    def took(self, phase: RunPhase, seconds: float) -> None:
         """How long the run's phase `phase` took (the preflight)."""
-        self.phases[phase] = round(seconds, 3)
+        self.phases[phase.value] = round(seconds, 3)
 
     def set_start(self, start: StartPoint) -> None:
         """Where the run starts, as its preflight found it: set once (its restarts resume its own backup)."""

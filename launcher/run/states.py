@@ -7,6 +7,43 @@ import enum
 from worker.host.protocol import EXIT_PREEMPTED
 
 
+class RunPhase(str, enum.Enum):
+    """The run's phases in its record (`phases`): when each began (the preflight's, how long it took)."""
+
+    PREFLIGHT_S = "preflight_s"
+    SPAWN_STARTED = "spawn_started"
+    ALL_STARTED = "all_started"
+    FIRST_STEP = "first_step"
+    END = "end"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AttemptPhase(str, enum.Enum):
+    """An attempt's phases in its record (`attempts[].phases`; launcher.run.phases computes them)."""
+
+    FAILED_AT = "failed_at"
+    DETECTED_S = "detected_s"
+    TEARDOWN_S = "teardown_s"
+    COPY_S = "copy_s"
+    COPY_BYTES = "copy_bytes"
+    SPAWN_S = "spawn_s"
+    WARM_TASKS = "warm_tasks"
+    FIRST_STEP_S = "first_step_s"
+    TOOK_S = "took_s"
+    RESUMED_STEP = "resumed_step"
+    REACHED_STEP = "reached_step"
+    STEPS_REDONE = "steps_redone"
+    BACK_S = "back_s"
+    EPOCH_TOLD = "epoch_told"
+    ESTIMATED = "estimated"  # the names of its figures that are estimates, not measured
+    UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose lines never reached the launcher
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class TaskState(str, enum.Enum):
     PENDING = "pending"
     RUNNING = "running"

@@ -14,7 +14,7 @@ from launcher.run.cause import unhealthy
 from launcher.run.failure import Failure, FailureKind, describe_exit, of_exit, of_task, signal_name
 from launcher.run.progress import step, typed
 from launcher.run.record import RunRecord
-from launcher.run.states import TaskState, end_state
+from launcher.run.states import RunPhase, TaskState, end_state
 from launcher.spec.cluster import Launch
 from worker.host import protocol
 from worker.host.devices import GPUS_MAX, GpuFigures
@@ -59,7 +59,7 @@ def apply(run: RunRecord, live: LiveAttempt, index: int, ev: protocol.Event) -> 
         if trained:
             live.progressed[index] = time.monotonic()
         if step(p) > 0:
-            run.mark("first_step", now)
+            run.mark(RunPhase.FIRST_STEP, now)
     elif isinstance(ev, protocol.Exit):
         return exited(run, live, index, ev)
     elif isinstance(ev, protocol.Lost):
