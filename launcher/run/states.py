@@ -7,7 +7,14 @@ import enum
 from worker.host.protocol import EXIT_PREEMPTED
 
 
-class RunPhase(str, enum.Enum):
+class Word(str, enum.Enum):
+    """An enum whose members read as their words (in the record, on screen)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RunPhase(Word):
     """The run's phases in its record (`phases`): when each began (the preflight's, how long it took)."""
 
     PREFLIGHT_S = "preflight_s"
@@ -16,11 +23,8 @@ class RunPhase(str, enum.Enum):
     FIRST_STEP = "first_step"
     END = "end"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AttemptPhase(str, enum.Enum):
+class AttemptPhase(Word):
     """An attempt's phases in its record (`attempts[].phases`; launcher.run.phases computes them)."""
 
     FAILED_AT = "failed_at"
@@ -40,11 +44,8 @@ class AttemptPhase(str, enum.Enum):
     ESTIMATED = "estimated"  # the names of its figures that are estimates, not measured
     UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose lines never reached the launcher
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TaskState(str, enum.Enum):
+class TaskState(Word):
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -53,22 +54,16 @@ class TaskState(str, enum.Enum):
     STOPPED = "stopped"
     LOST = "lost"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AttemptOutcome(str, enum.Enum):
+class AttemptOutcome(Word):
     SUCCEEDED = "succeeded"
     PREEMPTED = "preempted"  # a notice (host, scheduler, or Slurm's requeue): restarts without counting
     FAILED = "failed"
     SHRUNK = "shrunk"  # a host was lost and the run went on without it (elastic)
     STOPPED = "stopped"  # Ctrl-C, TERM or `down`
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class RunState(str, enum.Enum):
+class RunState(Word):
     PREFLIGHT = "preflight"
     STARTING = "starting"
     RUNNING = "running"
@@ -81,8 +76,6 @@ class RunState(str, enum.Enum):
     def ended(self) -> bool:
         return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
 
-    def __str__(self) -> str:
-        return self.value
 
 
 
