@@ -141,3 +141,66 @@ def test_relayed_figures_are_untrusted_input():
                          '"memory_total": 2}, {"index": "0"}, {"index": 1, "util": true, "memory_used": null, '
                          '"memory_total": null}, {"index": 2, "util": -1, "memory_used": 1, "memory_total": 2}]}')
     assert [GpuFigures.parse(g) for g in ev.gpus] == [GpuFigures(0, 5, 1, 2), None, None, None]
+
+
+def hostile(folder: Path, body: str) -> Path:
+    """An `nvidia-smi` in `folder` that runs `body` (sh) for any query."""
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return folder
+
+
+FLOOD = "echo '0, 250, 999999999999, 1'; seq 1 399999 | sed 's/$/, 5, 1, 2/'"  # out of range, then 400000 GPUs
+
+
+def test_a_reading_is_bounded_and_in_range_and_says_what_it_left_out(tmp_path, monkeypatch):
+    from worker.host.devices import GPUS_MAX, read_gpus
+
+    monkeypatch.setenv("PATH", f"{hostile(tmp_path / 'bin', FLOOD)}:{os.environ['PATH']}")
+    reading = read_gpus()
+    assert reading.figures is not None and len(reading.figures) == GPUS_MAX
+    assert reading.figures[0] == GpuFigures(0, None, None, None) and reading.figures[1] == GpuFigures(1, 5, 1, 2)
+    assert reading.dropped.startswith("nvidia-smi's figures left out (it listed ") and \
+        f"GPUs, and a host holds at most {GPUS_MAX}: the first {GPUS_MAX} are kept" in reading.dropped, reading.dropped
+    assert "GPU 0: a use of 250 % and 999999999999 MiB used of 1 MiB" in reading.dropped, reading.dropped
+    assert len(nvidia_smi("index") or []) == GPUS_MAX
+    assert GpuFigures.parse({"index": 0, "util": 250, "memory_used": 1, "memory_total": 2}) is None  # relayed too
+    assert GpuFigures.parse({"index": 0, "util": 5, "memory_used": 3, "memory_total": 2}) is None
+
+
+def test_a_hung_nvidia_smi_behind_a_wrapper_is_stopped_whole_at_its_timeout(tmp_path, monkeypatch):
+    import psutil
+
+    from worker.host.devices import read_gpus
+
+    marker = "617.25"  # the hung child's own argument: no other process has it
+    monkeypatch.setenv("PATH", f"{hostile(tmp_path / 'bin', f'sleep {marker}; echo 0, 1, 2, 3')}:{os.environ['PATH']}")
+    assert read_gpus(timeout=1).figures is None
+
+    def left() -> list:
+        return [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+    assert wait_for(lambda: not left(), 10, "the wrapper's hung child gone"), left()
+
+
+def test_a_hostile_nvidia_smi_never_fails_the_task_and_is_said_once(cli, tmp_path):
+    """A real task on a host whose nvidia-smi lists 400000 GPUs, the first out of range: every heartbeat still
+    decodes (the task is not lost), `status --json` holds at most GPUS_MAX GPUs, each in range, and the run says
+    once what was left out."""
+    from worker.host.devices import GPUS_MAX
+
+    cli.env["PATH"] = f"{hostile(tmp_path / 'bin', FLOOD)}:{cli.env['PATH']}"
+    sleep = json.dumps([sys.executable, "-c", "import time; time.sleep(4)"])
+    spec = write_spec(tmp_path, f"command = {sleep}", n=1, each='gpus = "all"\n',
+                      launch="heartbeat_timeout = 60")
+    r = cli("up", spec, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("nvidia-smi's figures left out (it listed ") == 1, out
+    assert "GPU 0: a use of 250 % and 999999999999 MiB used of 1 MiB" in out and "the task goes on" in out, out
+    gpus = status_json(cli)["tasks"][0]["gpus"]
+    assert gpus and len(gpus) == GPUS_MAX, gpus
+    assert gpus[0] == {"index": 0, "util": None, "memory_used": None, "memory_total": None}, gpus[0]
+    assert all((g["util"] is None or 0 <= g["util"] <= 100) for g in gpus)

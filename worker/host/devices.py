@@ -3,7 +3,9 @@ network interface carries its address (for NCCL_SOCKET_IFNAME). No TensorFlow im
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import shutil
 import signal
 import socket
@@ -27,30 +29,85 @@ class GpuFigures:
 
     @classmethod
     def parse(cls, data: object) -> "GpuFigures | None":
-        """One from its JSON (a task's supervisor sent it: untrusted), or None where it is not one."""
+        """One from its JSON (a task's supervisor sent it: untrusted), or None where it is not one, or its
+        figures are out of range (`checked`)."""
         if not isinstance(data, dict) or set(data) != {"index", "util", "memory_used", "memory_total"}:
             return None
         values = [data["index"], data["util"], data["memory_used"], data["memory_total"]]
         if not all(v is None or type(v) is int and 0 <= v < 10 ** _WHOLE_MAX for v in values) or values[0] is None:
             return None
-        return cls(*values)
+        figures, why = cls.checked(*values)
+        return None if why else figures
+
+    @classmethod
+    def checked(cls, index: int, util: int | None, used: int | None,
+                total: int | None) -> "tuple[GpuFigures, str]":
+        """The figures kept in range (a use of 0-100 %, memory used no more than its total), and what was left
+        out and why ('' where nothing was): a figure out of range is no figure of a GPU."""
+        why = []
+        if util is not None and util > UTIL_MAX:
+            why.append(f"a use of {util} %")
+            util = None
+        if used is not None and total is not None and used > total:
+            why.append(f"{used} MiB used of {total} MiB")
+            used = total = None
+        return cls(index, util, used, total), (f"GPU {index}: {' and '.join(why)}" if why else "")
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One nvidia-smi call read: its GPUs' figures, bounded and in range (None: no working nvidia-smi), and what
+    was left out of what it printed, in words ('' where nothing was): said once by whoever shows the figures."""
+
+    figures: list[GpuFigures] | None
+    dropped: str = ""
 
 
 GPU_FIGURES = "index,utilization.gpu,memory.used,memory.total"
 GPUS_MAX = 64  # GPUs of one task a record carries: more is no host's
+UTIL_MAX = 100  # percent
+SMI_MAX_BYTES = 64 * 1024  # of nvidia-smi's output read: GPUS_MAX lines of figures fit many times over
 GPU_EVERY_S = 10.0  # nvidia-smi takes tens of ms of a core: a task's GPUs are read this seldom
 _WHOLE_MAX = 12  # digits of a figure: longer is no figure nvidia-smi gives
 
 
-def _smi(query: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
+def _smi(query: str, timeout: float) -> tuple[int, str] | None:
+    """nvidia-smi's exit code and the start of what it printed (SMI_MAX_BYTES at most: then 0); None where it is missing,
+    cannot be run or is still running after `timeout`. It runs in a session of its own, killed whole (a wrapper
+    script's children too) once read, timed out or when we die."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              errors="replace", preexec_fn=child_setup(signal.SIGKILL))  # never outlives us
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=child_setup(signal.SIGKILL))
+    except OSError:
         return None
+    late = threading.Event()
+
+    def kill() -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def timed_out() -> None:
+        late.set()
+        kill()
+
+    timer = threading.Timer(timeout, timed_out)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        out = proc.stdout.read(SMI_MAX_BYTES)
+        capped = len(out) >= SMI_MAX_BYTES
+        if capped:
+            kill()  # more than any host's GPUs print: what was read is read, as from an nvidia-smi that ended well
+        code = 0 if capped else proc.wait()
+    finally:
+        timer.cancel()
+        kill()  # whatever of its session is left
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return None if late.is_set() else (code, out.decode("utf-8", "replace"))
 
 
 def _whole(cell: str) -> int | None:
@@ -66,22 +123,40 @@ def nvidia_smi(query: str, timeout: float = 20) -> list[int] | None:
     done = _smi(query, timeout)
     if done is None:
         return None
-    return [int(x) for x in done.stdout.split() if _whole(x) is not None]
+    return [int(x) for x in done[1].split() if _whole(x) is not None][:GPUS_MAX]
+
+
+def read_gpus(timeout: float = 20) -> GpuReading:
+    """Every GPU's use and memory, from one nvidia-smi call (its output is untrusted): at most GPUS_MAX GPUs,
+    each figure whole and in range, what was left out said; no figures where nvidia-smi is missing, hangs past
+    `timeout`, fails or cannot be run. A line without a whole index is left out."""
+    done = _smi(GPU_FIGURES, timeout)
+    if done is None or done[0] != 0:
+        return GpuReading(None)
+    found: dict[int, GpuFigures] = {}
+    why: list[str] = []
+    more = 0
+    for line in done[1].splitlines():
+        cells = line.split(",")
+        index = _whole(cells[0]) if len(cells) == 4 else None
+        if index is None or index in found:
+            continue
+        if len(found) == GPUS_MAX:
+            more += 1
+            continue
+        found[index], dropped = GpuFigures.checked(index, _whole(cells[1]), _whole(cells[2]), _whole(cells[3]))
+        if dropped:
+            why.append(dropped)
+    if more:
+        why.insert(0, f"it listed {len(found) + more}{'+' if len(done[1]) >= SMI_MAX_BYTES else ''} GPUs, and a "
+                      f"host holds at most {GPUS_MAX}: the first {GPUS_MAX} are kept")
+    said = "; ".join(why[:4]) + (f"; and {len(why) - 4} more" if len(why) > 4 else "")
+    return GpuReading(list(found.values()), f"nvidia-smi's figures left out ({said})" if said else "")
 
 
 def gpu_figures(timeout: float = 20) -> list[GpuFigures] | None:
-    """Every GPU's use and memory, from one nvidia-smi call; None where nvidia-smi is missing, hangs past
-    `timeout`, fails or cannot be run. A line without a whole index is left out."""
-    done = _smi(GPU_FIGURES, timeout)
-    if done is None or done.returncode != 0:
-        return None
-    found: dict[int, GpuFigures] = {}
-    for line in done.stdout.splitlines():
-        cells = line.split(",")
-        index = _whole(cells[0]) if len(cells) == 4 else None
-        if index is not None and index not in found:
-            found[index] = GpuFigures(index, _whole(cells[1]), _whole(cells[2]), _whole(cells[3]))
-    return list(found.values())
+    """read_gpus' figures alone (a probe's: what it leaves out is said where the task runs)."""
+    return read_gpus(timeout).figures
 
 
 def visible_gpus(value: str | None, have: list[int]) -> list[int]:
@@ -128,6 +203,7 @@ class GpuMeter:
     def __init__(self, visible: str | None):
         self.visible = visible
         self.latest: list[dict[str, Any]] | None = None
+        self.dropped = ""  # the first reading's words on what it left out (the core says it once)
         threading.Thread(target=self._read, name="mgpu-gpus", daemon=True).start()
 
     @staticmethod
@@ -137,7 +213,9 @@ class GpuMeter:
 
     def _read(self) -> None:
         while True:
-            self.latest = task_rows(gpu_figures(timeout=GPU_EVERY_S), self.visible)
+            reading = read_gpus(timeout=GPU_EVERY_S)
+            self.latest = task_rows(reading.figures, self.visible)
+            self.dropped = self.dropped or reading.dropped
             time.sleep(GPU_EVERY_S)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import os
 import shutil
@@ -15,12 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-from importlib.machinery import PathFinder
+from importlib.machinery import ModuleSpec, PathFinder
+from typing import Any, Callable, ParamSpec, TypedDict, TypeVar, cast
 
 from worker.host.devices import gpu_indices, interface_for, task_devices
 from worker.host.env import Backend
 from worker.preflight.packages import missing_problem, versions
-from worker.preflight.ports import mesh
+from worker.preflight.ports import MeshTask, mesh
 from worker.host.startpoint import look_first
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import Ports
@@ -28,13 +30,37 @@ from worker.task.lines import printable
 
 IMPORT_TIMEOUT_S = 45.0  # below the launcher's wait for the whole report
 OUTPUT_MAX = 8192  # bytes of the import's output kept (its last ones)
+TaskDoc = dict[str, Any]  # Any: a task's JSON (--task, the launcher's), each field read where it is used
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-def find_module(name: str, path: list[str]):
+class TaskReport(TypedDict, total=False):
+    """One task's part of the report: index, problems, holder and no_workdir always, the rest where its folder is."""
+    index: int
+    problems: list[str]
+    holder: dict[str, object] | None
+    no_workdir: bool
+    devices: int | None
+    devices_unknown: str | None
+    network: dict[str, object]
+    checkpoint: dict[str, object]
+
+
+class Report(TypedDict, total=False):
+    """The report the launcher reads (one JSON line): all but mesh always, mesh with --mesh."""
+    hostname: str
+    python: str
+    versions: dict[str, str | None]
+    tasks: list[TaskReport]
+    mesh: dict[str, MeshTask]
+
+
+def find_module(name: str, path: list[str]) -> ModuleSpec | None:
     """The spec of module `name` as `python` in a folder would find it, executing nothing: the top
     package through the import finders (editable installs included), its submodules on disk."""
     top, *rest = name.split(".")
-    spec = None
+    spec: ModuleSpec | None = None
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)
         if find is None:
@@ -108,7 +134,7 @@ def writable_problem(path: str) -> str | None:
     return None
 
 
-def _keep_tail(stream, into: bytearray) -> None:
+def _keep_tail(stream: io.BufferedReader, into: bytearray) -> None:
     for chunk in iter(lambda: stream.read1(65536), b""):
         into.extend(chunk)
         del into[:-OUTPUT_MAX]
@@ -120,7 +146,7 @@ class ImportCheck:
     module prints is untrusted and cut. `python`: the interpreter as the spec names it for this host (the hint's)."""
 
     def __init__(self, entrypoint: str, cwd: str, env: dict[str, str], timeout: float = IMPORT_TIMEOUT_S,
-                 python: str | None = None, backend: Backend = Backend.TENSORFLOW):
+                 python: str | None = None, backend: Backend = Backend.TENSORFLOW) -> None:
         self.entrypoint, self.cwd, self.timeout = entrypoint, cwd, timeout
         self.python = python or sys.executable
         self.deadline = time.monotonic() + timeout
@@ -175,11 +201,12 @@ class ImportCheck:
         self.proc.wait()
 
 
-def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str],
+def start_imports(tasks: list[TaskDoc], entrypoint: str, env: dict[str, str],
                   backend: Backend = Backend.TENSORFLOW) -> dict[str, ImportCheck]:
     """One import check per task folder, started now (they run while the other checks do); on jax it also
     calls the entrypoint and its train_data, to tell a TensorFlow pipeline before the run."""
-    here, found = os.getcwd(), {}
+    here = os.getcwd()
+    found: dict[str, ImportCheck] = {}
     for t in tasks:
         cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
         if cwd not in found and os.path.isdir(cwd):
@@ -187,9 +214,9 @@ def start_imports(tasks: list[dict], entrypoint: str, env: dict[str, str],
     return found
 
 
-def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, env: dict[str, str] | None = None,
-               search: list[str] | None = None, also=lambda report: None,
-               backend: Backend = Backend.TENSORFLOW) -> dict:
+def check_host(tasks: list[TaskDoc], entrypoint: str | None, program: str | None, env: dict[str, str] | None = None,
+               search: list[str] | None = None, also: Callable[[Report], None] = lambda report: None,
+               backend: Backend = Backend.TENSORFLOW) -> Report:
     """check_tasks, and with `env` (`check`) the entrypoint imported in each task folder meanwhile (in place of
     the static look for it); `also(report)` runs while the imports do (the cluster check)."""
     imports = start_imports(tasks, entrypoint, env, backend) if env is not None and entrypoint else {}
@@ -207,30 +234,29 @@ def check_host(tasks: list[dict], entrypoint: str | None, program: str | None, e
             check.stop()
 
 
-def check_tasks(tasks: list[dict], entrypoint: str | None = None, program: str | None = None,
-                search: list[str] | None = None, backend: Backend = Backend.TENSORFLOW) -> dict:
+def check_tasks(tasks: list[TaskDoc], entrypoint: str | None = None, program: str | None = None,
+                search: list[str] | None = None, backend: Backend = Backend.TENSORFLOW) -> Report:
     """Every task's problems; what depends only on the host (and folder) is looked at once."""
     here = os.getcwd()
     found = versions(backend)
     lacking = missing_problem(backend, found)  # host-wide: said for each of its tasks
     ports = Ports()
-    cache: dict[tuple, str | None] = {}
-    gpus: list = []  # [indices], filled at the first task that names GPUs
+    cache: dict[tuple[str, str], object] = {}
+    gpus: list[set[int] | None] = []  # [indices], filled at the first task that names GPUs
 
-    def once(key: tuple, fn, *args):
+    def once(key: tuple[str, str], fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if key not in cache:
-            cache[key] = fn(*args)
-        return cache[key]
+            cache[key] = fn(*args, **kwargs)
+        return cast(T, cache[key])  # what fn gave for this key (each kind of key has its own fn)
 
-    results = []
+    results: list[TaskReport] = []
     for t in tasks:
         cwd = os.path.join(here, os.path.expanduser(t["cwd"])) if t.get("cwd") else here
-        entry = {"index": t["index"], "problems": [], "holder": None, "no_workdir": not os.path.isdir(cwd)}
+        entry: TaskReport = {"index": t["index"], "problems": [], "holder": None, "no_workdir": not os.path.isdir(cwd)}
         results.append(entry)
         if entry["no_workdir"]:
             continue
-        problems = entry["problems"]
-        problems.append(lacking)
+        problems: list[str | None] = [lacking]  # the Nones dropped at the end
         holder = entry["holder"] = ports.holder(t["port"])
         if holder:
             who = f"pid {holder['pid']} ({holder['name']}: {holder['cmdline']})" if holder["pid"] else holder["cmdline"]
@@ -291,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = _env_line() if args.imports else None
 
-    def cluster_check(report: dict) -> None:
+    def cluster_check(report: Report) -> None:
         if args.mesh is not None:
             mine = {t["index"]: t["port"] for t in args.task}
             report["mesh"] = mesh(mine, args.group, args.mesh, args.token, args.seconds)

@@ -12,10 +12,12 @@ import struct
 import sys
 import threading
 import time
+from typing import Any, Mapping
 
 CHUNK = 64 * 1024
 PINGS = 5
 REPORT = struct.Struct("!dd")  # bytes received, seconds
+Step = list[Any]  # Any: a round of --steps' JSON (the launcher's), each field converted where it is used
 
 
 def abort(sock: socket.socket) -> None:
@@ -74,7 +76,7 @@ def exact(sock: socket.socket, n: int) -> bytes:
 
 # --------------------------------------------------------------------------- the listening side
 
-def serve(port: int, token: str, peer: int, wait: float, seconds: float, limit: int) -> dict | None:
+def serve(port: int, token: str, peer: int, wait: float, seconds: float, limit: int) -> dict[str, str] | None:
     """Two sessions of `peer`: 'u' (it sends, we time it and report), then 'd' (we send until it resets).
     None when done; else {"error"} (the peer, which measures, says more)."""
     dual = socket.has_dualstack_ipv6()
@@ -83,7 +85,8 @@ def serve(port: int, token: str, peer: int, wait: float, seconds: float, limit: 
                                       dualstack_ipv6=dual)
     except OSError as exc:
         return {"error": f"cannot listen on port {port}: {exc.strerror or exc}"}
-    done, until, hello = set(), time.monotonic() + wait, f"{token} {peer} ".encode()
+    done: set[str] = set()
+    until, hello = time.monotonic() + wait, f"{token} {peer} ".encode()
     with server:
         while done != {"u", "d"}:
             server.settimeout(max(0.01, until - time.monotonic()))
@@ -140,14 +143,15 @@ def session(address: str, port: int, hello: bytes, until: float, seconds: float)
             pause = min(0.1, pause * 1.5)
 
 
-def probe(me: int, address: str, port: int, token: str, wait: float, seconds: float, limit: int) -> dict:
+def probe(me: int, address: str, port: int, token: str, wait: float, seconds: float,
+          limit: int) -> dict[str, str | float]:
     """{"rtt_ms", "out_mbps" (to the peer), "back_mbps" (from it)}, or {"error"}."""
     until = time.monotonic() + wait
     hello = f"{token} {me} ".encode()
     try:
         up = session(address, port, hello + b"u", until, seconds)
         try:
-            rtts = []
+            rtts: list[float] = []
             for _ in range(PINGS):
                 t0 = time.monotonic()
                 up.sendall(b"p")
@@ -186,10 +190,12 @@ def mbps(n: float, seconds: float) -> float:
     return n * 8 / 1e6 / max(seconds, 1e-6)
 
 
-def run(me: int, port: int, token: str, steps: list, wait: float, seconds: float, limit: int) -> list[dict]:
+def run(me: int, port: int, token: str, steps: list[Step], wait: float, seconds: float,
+        limit: int) -> list[dict[str, str | float]]:
     """This host's rounds in order: ["serve", peer] or ["probe", peer, address, port]; what each found."""
-    found = []
+    found: list[dict[str, str | float]] = []
     for step in steps:
+        result: Mapping[str, str | float] | None
         if step[0] == "serve":
             result = serve(port, token, int(step[1]), wait, seconds, limit)
         else:

@@ -21,12 +21,12 @@ def version(dist: str) -> str | None:
         return None
 
 
-def versions(backend: Backend = Backend.TENSORFLOW) -> dict:
+def versions(backend: Backend = Backend.TENSORFLOW) -> dict[str, str | None]:
     """Python's and the backend's packages' versions (None: not installed)."""
     return {"python": platform.python_version(), **{dist: version(dist) for dist in PACKAGES[backend]}}
 
 
-def missing_problem(backend: Backend, found: dict) -> str | None:
+def missing_problem(backend: Backend, found: dict[str, str | None]) -> str | None:
     """On JAX, one paragraph naming what this host lacks of jax and Keras 3 (`found`: its versions()); on
     TensorFlow nothing (its versions are compared, and the training's import says the rest)."""
     if backend is not Backend.JAX:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any, TypedDict
+
+Peer = list[Any]  # Any: a task of --mesh's JSON (the launcher's), [index, address, port, group]
 
 
 def _connect_reason(exc: OSError) -> str:
@@ -20,11 +23,17 @@ FOREIGN = "something else answers on that address and port (not this check's lis
 ANSWER_S = 2.0
 
 
+class MeshTask(TypedDict):
+    """What the check found for one of this host's tasks: {j: {"address", "reason"}} for each peer unreached."""
+    listen_error: str | None
+    unreached: dict[str, dict[str, str]]
+
+
 class _Mesh:
     """One host's part of the check: its listeners, its reachers, what each heard, and the deadline that
     moves on while anything progresses."""
 
-    def __init__(self, mine: dict[int, int], group: int, peers: list, token: str, seconds: float):
+    def __init__(self, mine: dict[int, int], group: int, peers: list[Peer], token: str, seconds: float) -> None:
         self.mine, self.group, self.peers, self.token, self.seconds = mine, group, peers, token, seconds
         self.start = time.monotonic()
         self.until = self.start + seconds
@@ -137,7 +146,7 @@ class _Mesh:
             server.close()
         time.sleep(0.05)  # let the last answers go out before the process ends
 
-    def result(self) -> dict:
+    def result(self) -> dict[str, MeshTask]:
         where = {j: f"{address}:{port}" for j, address, port, _g in self.peers}
         return {str(i): {"listen_error": self.listen_errors.get(i),
                          "unreached": {str(j): {"address": where[j], "reason": why}
@@ -145,7 +154,7 @@ class _Mesh:
                 for i in self.mine}
 
 
-def mesh(mine: dict[int, int], group: int, peers: list, token: str, seconds: float) -> dict:
+def mesh(mine: dict[int, int], group: int, peers: list[Peer], token: str, seconds: float) -> dict[str, MeshTask]:
     """Listen on this host's ports (`mine`: index -> port) and reach every port of `peers`
     ([index, address, port, group] for the whole cluster) that one of this host's tasks talks to.
 

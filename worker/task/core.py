@@ -32,7 +32,7 @@ from worker.task.folder import TaskFolder
 from worker.task.forkserver import Request
 from worker.task.lines import NOTE, Lines
 from worker.task.program import Program
-from worker.task.warm import Forked, NoServer, Server
+from worker.task.warm import Forked, NameTaken, NoServer, Server
 
 procs: Any = None  # worker.host.procs and worker.host.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
@@ -93,6 +93,7 @@ class TaskCore:
         self.server: Server | None = None  # the task's fork server, while this core holds it
         self.memory: tuple[int, float, int | None] | None = None  # (server pid, when read, what holding it adds)
         self.gpus: GpuMeter | None = None  # its GPUs' figures, read while it runs where nvidia-smi is
+        self.gpus_said = False  # what nvidia-smi's readings left out, said once
         self.program = Program.of(setup.argv, sys.executable) if setup.warm else None  # None: it starts cold
 
     # ---- what we say
@@ -206,6 +207,9 @@ class TaskCore:
         if self.server is None or not self.server.look():
             try:
                 self.server = self.open_server(idle=not ours)
+            except NameTaken as exc:
+                self.warn(f"attempt {self.setup.attempt} starts cold: its fork server's {exc}")
+                return False
             except NoServer:
                 return False  # the attempt starts cold: what is wrong (an import that fails), its program says
         server = self.server
@@ -243,6 +247,9 @@ class TaskCore:
                 tries += 1
                 try:
                     self.server = self.open_server(idle=True)
+                except NameTaken as exc:
+                    self.warn(f"no standby for attempt {self.setup.attempt}: its fork server's {exc}")
+                    ended, tries = str(exc), WARM_TRIES  # another account's: asking again changes nothing
                 except NoServer as exc:
                     ended = str(exc)
                     if tries >= WARM_TRIES:
@@ -409,6 +416,10 @@ class TaskCore:
         silent for its lifeline as lost."""
         cpu, rss, status = self.meter.read()
         gpus = self.gpus.latest if self.gpus else None
+        if self.gpus is not None and self.gpus.dropped and not self.gpus_said:
+            self.gpus_said = True
+            self.warn(f"{self.gpus.dropped}; the task goes on, and its GPUs show only the figures kept (check "
+                      "nvidia-smi on this host)")
         self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status, gpus=gpus))
 
     # ---- stopping

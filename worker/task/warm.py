@@ -30,6 +30,10 @@ class NoServer(Exception):
     """No fork server could be had: why (how the one started here ended, in its own last words)."""
 
 
+class NameTaken(NoServer):
+    """The server's name is held by a process of another account: nothing was sent to it (said to the user)."""
+
+
 class Forked:
     """An attempt forked by the server, as the core sees a child it started (what subprocess.Popen offers the
     core: pid, stdout, poll, wait, returncode), its exit status told by its reaper."""
@@ -217,10 +221,17 @@ def _until_closed(sock: socket.socket, seconds: float) -> None:
 
 
 def _connect(name: str) -> socket.socket | None:
+    """Connected to the server of `name`, None where none listens. An abstract name has no permissions: a process
+    of another account that took it first is refused (NoServer) before a byte of the task's is sent."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.connect(forkserver.address(name))
+        pid, uid = forkserver.peer(sock)
     except OSError:
         sock.close()
         return None
+    if uid != os.getuid():
+        sock.close()
+        raise NameTaken(f"its name ({name}) is held by a process of another account (pid {pid}, uid {uid}), which "
+                       "was sent nothing; find who runs it ('ps -o user,pid,cmd -p {pid}')".replace("{pid}", str(pid)))
     return sock
