@@ -148,12 +148,13 @@ def test_spec_passes_local_replicas_and_collective_to_the_worker():
 
 
 def test_gpu_memory_grows_unless_an_allocator_or_a_value_is_given():
-    from worker.tensorflow.replicas import allow_gpu_growth
+    from worker.host.env import tf_defaults
 
     for env, expected in (({}, "true"), ({"TF_FORCE_GPU_ALLOW_GROWTH": "false"}, "false"),
                           ({"TF_GPU_ALLOCATOR": "cuda_malloc_async"}, None)):
-        allow_gpu_growth(env)
+        tf_defaults(env)
         assert env.get("TF_FORCE_GPU_ALLOW_GROWTH") == expected, env
+        assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "1", env
 
 
 SPEC = """[[hosts]]

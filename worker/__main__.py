@@ -15,7 +15,7 @@ def on_jax() -> bool:
 
 
 if not on_jax():
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before anything can import TensorFlow
+    env.tf_defaults()  # before anything can import TensorFlow
 
 from worker.host.protocol import EXIT_PREEMPTED
 from worker.tensorflow.runner import run

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 XLA_CPU_DEVICES = "--xla_force_host_platform_device_count"  # XLA's logical devices on the CPU platform
@@ -61,6 +62,35 @@ PROGRESS_INTERVAL, STEP_CLOCK = "MGPU_PROGRESS_INTERVAL", "MGPU_STEP_CLOCK"
 TF_DATA_AUTOTUNE = "MGPU_TF_DATA_AUTOTUNE"
 SPARE_BACKUP = "MGPU_SPARE_BACKUP"  # "1": this task keeps a spare copy of each backup (`keeps_spare`)
 HOME = "MGPU_HOME"  # the launcher's own: where it keeps its runs
+# what a framework reads from the environment when it is imported (JAX_ENABLE_X64, XLA_FLAGS, TF_*, KERAS_BACKEND,
+# CUDA_VISIBLE_DEVICES, ...): a fork server's imports were made under its own, which a forked attempt must share
+FRAMEWORK_PREFIXES = ("JAX_", "XLA_", "TF_", "KERAS_", "CUDA_", "TPU_")
+LEGACY_KERAS, TF_LOG_LEVEL = "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL"
+GPU_GROWTH, GPU_ALLOCATOR = "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR"
+
+
+def tf_defaults(environ: MutableMapping[str, str] | None = None) -> None:
+    """What the TensorFlow runner (and a fork server, as it) sets before TensorFlow is imported, where it is not
+    set already: Keras 2 (tf_keras), as MultiWorkerMirroredStrategy's fit needs (keras-team/keras#20585); C++ INFO
+    lines off; GPU memory taken as it is needed unless an allocator is chosen (tasks that share a GPU host do not
+    each take all of a GPU's memory at start)."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault(LEGACY_KERAS, "1")
+    environ.setdefault(TF_LOG_LEVEL, "1")
+    if GPU_ALLOCATOR not in environ:
+        environ.setdefault(GPU_GROWTH, "true")
+FRAMEWORK_MODULES = ("jax", "tensorflow", "keras", "tf_keras")
+
+
+def is_framework_setting(name: str) -> bool:
+    """Whether a framework reads variable `name` when it is imported (not the group's: TF_CONFIG and Keras'
+    distribution variables are read when the group is joined, after the imports)."""
+    return name.startswith(FRAMEWORK_PREFIXES) and name != TF_CONFIG and not name.startswith(tuple(OWNED_PREFIXES))
+
+
+def framework_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that a framework reads when it is imported."""
+    return {k: v for k, v in environ.items() if is_framework_setting(k)}
 
 
 HOSTS = "[[hosts]] (or [slurm] nodes, [kubernetes] workers)"
@@ -140,7 +170,7 @@ def task_environment(common: dict[str, str], workers: list[str], rank: int, run_
     run = {RUN_ID: run_id, TASK_INDEX: str(rank if index is None else index),
            NUM_WORKERS: str(len(workers)), RUN_DIR: run_dir, **({SPARE_BACKUP: "1"} if spare else {})}
     if Backend(backend) is not Backend.JAX:
-        env = {TF_CONFIG: json.dumps(tf_config(workers, rank)), **run, "TF_USE_LEGACY_KERAS": "1",
+        env = {TF_CONFIG: json.dumps(tf_config(workers, rank)), **run, LEGACY_KERAS: "1",
                "PYTHONUNBUFFERED": "1"}
         return {**env, **common}
     # the task's own address: JAX's gloo binds where the host's name resolves unless told (127.0.x.1 on many hosts)

@@ -418,8 +418,10 @@ class TaskCore:
         gpus = self.gpus.latest if self.gpus else None
         if self.gpus is not None and self.gpus.dropped and not self.gpus_said:
             self.gpus_said = True
-            self.warn(f"{self.gpus.dropped}; the task goes on, and its GPUs show only the figures kept (check "
-                      "nvidia-smi on this host)")
+            said = (f"{self.gpus.dropped}; the task goes on, and its GPUs show only the figures kept (check "
+                    "nvidia-smi on this host)")
+            self.folder.log_write((NOTE + said + "\n").encode())  # in its log; on screen once, as the launcher's
+            self.tell(said)
         self.emit(protocol.Stats(cpu_percent=cpu, rss=rss, status=status, gpus=gpus))
 
     # ---- stopping

@@ -30,6 +30,7 @@ from worker.host import env
 from worker.host.modules import remembered
 from worker.host.system import child_setup
 from worker.task.program import Program, run_and_exit
+from worker.task.lines import NOTE
 
 READY = b"ready\n"
 START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
@@ -141,14 +142,21 @@ def unidle() -> None:
         pass
 
 
+_started_under: dict[str, str] = {}  # the framework settings the server was started with (its task's)
+_imported_under: dict[str, str] = {}  # and those its imports were made under (the runner's defaults added)
+
+
 def _imports(ours: str | None) -> None:
     """What every attempt's start imports; a failure is left for the program itself to meet and tell."""
     jax = os.environ.get(env.KERAS_BACKEND) == "jax"
+    _started_under.update(env.framework_settings(os.environ))
+    if not jax:
+        env.tf_defaults()  # as the runner sets them, before TensorFlow
+    _imported_under.update(env.framework_settings(os.environ))
     try:
         if jax:
             import keras  # noqa: F401  (and JAX under it)
         else:
-            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as the runner sets it, before TensorFlow
             import tensorflow  # noqa: F401
         if ours == "worker":
             importlib.import_module("worker.keras3.runner" if jax else "worker.tensorflow.runner")
@@ -231,10 +239,52 @@ def _trainer(request: Request, out: int, idled: bool) -> None:
             signal.signal(sig, signal.SIG_DFL)
         if "numpy" in sys.modules:  # seeded from the OS at each cold start: not every attempt the server's state
             sys.modules["numpy"].random.seed()
+        settled(request)
     except BaseException as exc:  # noqa: BLE001 (the attempt's start failed: said in its log, never the server's)
         os.write(2, f"mgpu fork server: cannot start the attempt: {exc}\n".encode())
         os._exit(127)
     run_and_exit(request.program)
+
+
+def settled(request: Request) -> None:
+    """The attempt computes what a cold one computes: a framework reads its settings (JAX_ENABLE_X64, XLA_FLAGS,
+    TF_*) once, when it is imported, and the server imported it under its own. Where the attempt's environment
+    differs from those, or its program changes one after a framework is imported (a script that sets
+    JAX_ENABLE_X64 before `import jax`, as JAX documents), the process starts its program again cold (an exec:
+    the same pid, output and folder), saying why."""
+    imported = " and ".join(m for m in env.FRAMEWORK_MODULES if m in sys.modules)
+    if not imported:
+        return
+    differs = sorted(k for k in {*_started_under, *env.framework_settings(request.env)}
+                     if _started_under.get(k) != request.env.get(k))
+    if differs:
+        _cold(request, f"its environment's {differs[0]} is not what its fork server imported {imported} under")
+
+    class Settled(os._Environ):  # type: ignore[type-arg]  # os.environ's own class, generic in the stub alone
+        def __setitem__(self, key: str, value: str) -> None:
+            if env.is_framework_setting(key) and _imported_under.get(key) != value:
+                _cold(request, f"the training set {key}={value!r} after its fork server had imported {imported} "
+                               f"under {_imported_under.get(key)!r}")
+            super().__setitem__(key, value)
+
+        def __delitem__(self, key: str) -> None:
+            if env.is_framework_setting(key) and key in _imported_under:
+                _cold(request, f"the training removed {key} after its fork server had imported {imported} under it")
+            super().__delitem__(key)
+
+    os.environ.__class__ = Settled
+
+
+def _cold(request: Request, why: str) -> None:
+    """The program started again cold in this process, as its task starts it; never returns."""
+    os.write(2, f"{NOTE}this attempt starts cold: {why} (a framework reads its settings when it is imported)\n"
+                .encode())
+    argv = request.program.argv(sys.executable)
+    try:
+        os.execve(argv[0], argv, request.env)
+    except OSError as exc:
+        os.write(2, f"mgpu fork server: cannot start the attempt cold: {exc}\n".encode())
+        os._exit(127)
 
 
 # ---- the server

@@ -65,6 +65,11 @@ class Program:
             raise ValueError("not a program")
         return cls(Form(data["form"]), data["target"], tuple(args))
 
+    def argv(self, python: str) -> list[str]:
+        """The command line that runs it cold, as its task's does."""
+        flags = {Form.MODULE: ["-c", BOOT], Form.USER_MODULE: ["-m"], Form.SCRIPT: []}[self.form]
+        return [python, *flags, self.target, *self.args]
+
     @property
     def ours(self) -> str | None:
         """Our module it runs (the built-in runner's), whose imports a fork server may do ahead: never a user's."""

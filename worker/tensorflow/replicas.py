@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
-from typing import Iterator, MutableMapping
+from typing import Iterator
 
 from worker.training.errors import WorkerError
 
@@ -22,15 +21,6 @@ SIGNATURE = ["self", "cluster_resolver", "worker_device"]  # as in TensorFlow 2.
 
 class LocalReplicasUnsupported(WorkerError):
     """This TensorFlow builds MultiWorkerMirroredStrategy's local devices elsewhere."""
-
-
-def allow_gpu_growth(environ: MutableMapping[str, str] | None = None) -> None:
-    """TF_FORCE_GPU_ALLOW_GROWTH=true (before TensorFlow starts) unless an allocator is chosen
-    (TF_GPU_ALLOCATOR) or the variable is set already: tasks that share a GPU host do not each take
-    all of a GPU's memory at start."""
-    env = os.environ if environ is None else environ
-    if "TF_GPU_ALLOCATOR" not in env:
-        env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
 def split_cpu(tf, n: int) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from worker.training.errors import SettingError
 from worker.training.groupsize import check_workers
 from worker.host.clock import wait_until
-from worker.host.env import TASK_INDEX, TF_CONFIG, TF_DATA_AUTOTUNE
+from worker.host.env import GPU_ALLOCATOR, TASK_INDEX, TF_CONFIG, TF_DATA_AUTOTUNE, tf_defaults
 
 COLLECTIVES = ("auto", "ring", "nccl")
 FIX_TF_CONFIG = ("mgpu-cluster sets it for each task; when you set it yourself, give every task the same cluster "
@@ -92,12 +92,8 @@ def is_chief(environ: Mapping[str, str] | None = None) -> bool:
 
 def import_tensorflow():
     """Imports TensorFlow with Keras 2 (tf_keras) selected; returns the `tf` module."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    tf_defaults()
     _require_tf_keras()
-    from worker.tensorflow.replicas import allow_gpu_growth
-
-    allow_gpu_growth()
     import tensorflow as tf
 
     _log_once()
@@ -143,7 +139,7 @@ def configure_gpus() -> list:
     global _gpus_configured
     tf = import_tensorflow()
     gpus = tf.config.list_physical_devices("GPU")
-    if not _gpus_configured and "TF_GPU_ALLOCATOR" not in os.environ:
+    if not _gpus_configured and GPU_ALLOCATOR not in os.environ:
         for gpu in gpus:
             try:
                 tf.config.experimental.set_memory_growth(gpu, True)
