@@ -1,5 +1,5 @@
 """The spec's [slurm] table (nodes Slurm picks), and what a scheduler's table ([slurm] or [kubernetes], in
-speck8s) cannot run with the rest of the spec."""
+kubernetes.py) cannot run with the rest of the spec."""
 
 from __future__ import annotations
 
