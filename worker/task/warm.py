@@ -233,5 +233,5 @@ def _connect(name: str) -> socket.socket | None:
     if uid != os.getuid():
         sock.close()
         raise NameTaken(f"its name ({name}) is held by a process of another account (pid {pid}, uid {uid}), which "
-                       "was sent nothing; find who runs it ('ps -o user,pid,cmd -p {pid}')".replace("{pid}", str(pid)))
+                        f"was sent nothing; find who runs it ('ps -o user,pid,cmd -p {pid}')")
     return sock
