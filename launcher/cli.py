@@ -10,12 +10,15 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, TypeVar, runtime_checkable
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from launcher.errors import MgpuError
+
+if TYPE_CHECKING:  # typer's own copy of click: what its commands are given (typer.Context is a subclass)
+    from typer._click import Context, HelpFormatter
 
 ABOUT = ("Launch and orchestrate multi-worker training from one cluster.toml: TensorFlow (MultiWorkerMirroredStrategy) "
          "or Keras 3 on JAX.")
@@ -24,9 +27,10 @@ ABOUT = ("Launch and orchestrate multi-worker training from one cluster.toml: Te
 class Group(TyperGroup):
     """The command list gives each command's first paragraph whole, wrapped (typer cuts it at '...')."""
 
-    def format_commands(self, ctx, formatter) -> None:
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
         rows = [(name, (cmd.help or "").split("\n\n")[0].replace("\n", " ").strip())
-                for name in self.list_commands(ctx) for cmd in [self.get_command(ctx, name)] if not cmd.hidden]
+                for name in self.list_commands(ctx) for cmd in [self.get_command(ctx, name)]
+                if cmd is not None and not cmd.hidden]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -35,11 +39,12 @@ class Command(TyperCommand):
     """Usage names arguments as their help does (SPEC, not typer's {SPEC}); a flag with a metavar shows it
     (`--resume [RUN]`, whose run id comes as an extra argument)."""
 
-    def collect_usage_pieces(self, ctx) -> list[str]:
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
         return [re.sub(r"^\{(.*)\}", r"\1", p) for p in super().collect_usage_pieces(ctx)]
 
-    def format_options(self, ctx, formatter) -> None:
-        args, opts = [], []
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        args: list[tuple[str, str]] = []
+        opts: list[tuple[str, str]] = []
         for param in self.get_params(ctx):
             row = param.get_help_record(ctx)
             if row is None:
@@ -63,8 +68,12 @@ app = typer.Typer(
 )
 
 
-def command(*names: str, **kw):
-    return app.command(*names, cls=Command, **kw)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(name: str | None = None, *,
+            context_settings: dict[str, object] | None = None) -> Callable[[F], F]:
+    return app.command(name, cls=Command, context_settings=context_settings)
 
 
 SpecArg = typer.Argument(..., help="The cluster spec (TOML).", show_default=False, metavar="SPEC")
@@ -83,7 +92,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _options(_: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
-                                    help="Print the version and exit.")):
+                                    help="Print the version and exit.")) -> None:
     """Launch and orchestrate multi-worker training from one cluster.toml: TensorFlow (MultiWorkerMirroredStrategy)
     or Keras 3 on JAX."""
 
@@ -105,7 +114,7 @@ def _which(run: str | None) -> str:
 @command()
 def check(spec: Path = SpecArg,
           as_json: bool = typer.Option(False, "--json", help="One JSON object: each task's problems and the links' "
-                                       "matrix.")):
+                                       "matrix.")) -> None:
     """Validate SPEC and check every host and port, the entrypoint imported on each, then measure the link
     between every two hosts and name the slow ones; exit 0 when all checks pass, 2 otherwise.
 
@@ -127,7 +136,7 @@ def up(
                                 "stopped or failed (left out: this spec's newest run); the spec must be as that run "
                                 "had it, and the training gets that run's arguments unless others follow --."),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
-):
+) -> None:
     """Check SPEC, start every task, stream their output, stop all on the first failure. The training's own
     arguments go after --: up SPEC -- --epochs 3."""
     from launcher.commands import up as upmod
@@ -143,7 +152,7 @@ def up(
              resume=(before[0] if before else "") if resume else None, args=args)
 
 @command("ls")
-def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")):
+def ls(as_json: bool = typer.Option(False, "--json", help="One JSON list.")) -> None:
     """List the runs recorded on this machine, newest first: state, engine, tasks, start, duration, spec."""
     from launcher.commands import listing
 
@@ -156,7 +165,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="One JSON object."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every 2 s until the run ends."),
     probe: bool = typer.Option(False, "--probe", help="Ask every host now (GPU use too), not the launcher's record."),
-):
+) -> None:
     """Show every task of a run: state, progress, heartbeat, CPU and memory."""
     from launcher.commands import recorded
 
@@ -170,7 +179,7 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
     tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last K lines of each task.",
                                        metavar="K", min=0),
-):
+) -> None:
     """Print the workers' logs of a run."""
     from launcher.commands import recorded
 
@@ -178,7 +187,7 @@ def logs(
         recorded.logs(_which(run), task=task, follow=follow, tail=tail)
 
 @contextlib.contextmanager
-def _follower(following: bool):
+def _follower(following: bool) -> Iterator[None]:
     """Ctrl-C is how one leaves a follower (`logs -f`, `status --watch`): exit 0, nothing said, as `kubectl logs -f`."""
     try:
         yield
@@ -191,7 +200,7 @@ def _follower(following: bool):
 def stacks(
     run: Optional[str] = RunArg,
     task: Optional[int] = TaskOpt,
-):
+) -> None:
     """Print the Python stacks of every live task (py-spy on its host); exit 1 naming tasks without."""
     from launcher.diagnose import commands
 
@@ -202,7 +211,7 @@ def report(
     run: Optional[str] = RunArg,
     out: Optional[str] = typer.Option(None, "--output", "-o", metavar="PNG",
                                       help="The PNG to write (default: report.png in the run's folder)."),
-):
+) -> None:
     """Draw one PNG of a run: samples/s, loss and metrics per epoch, step time, attempts and their reasons, phases
     (needs matplotlib); exit 2 for a run its preflight refused."""
     from launcher.diagnose import commands
@@ -217,7 +226,7 @@ def dashboard(
     port: int = typer.Option(8477, "--port", help="The port to serve on.", metavar="PORT", min=0, max=65535),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS",
                              help="The address to serve on; another than loopback asks for the token it prints."),
-):
+) -> None:
     """Serve a live page of every run and GET /metrics for Prometheus, read-only (needs the dashboard extra)."""
     from launcher.dashboard.serve import serve
 
@@ -225,7 +234,7 @@ def dashboard(
 
 
 @command()
-def down(run: Optional[str] = RunArg):
+def down(run: Optional[str] = RunArg) -> None:
     """Stop every task of a run (safe to repeat)."""
     from launcher.commands import recorded
 
@@ -236,7 +245,7 @@ def fetch(
     run: Optional[str] = RunArg,
     out: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                        help="Where to write it (default: ./model-RUN.keras)."),
-):
+) -> None:
     """Copy the model a run's chief saved (model.keras on its host) here, checked by size and SHA-256."""
     from launcher.commands.fetch import fetch as fetch_model
 
@@ -244,7 +253,8 @@ def fetch(
 
 
 @command()
-def rm(runs: list[str] = typer.Argument(..., help="Run ids ('ls' lists them).", show_default=False, metavar="RUN")):
+def rm(runs: list[str] = typer.Argument(..., help="Run ids ('ls' lists them).", show_default=False,
+                                        metavar="RUN")) -> None:
     """Remove the records of ended runs (a live run is refused); a local run's checkpoint and model are kept."""
     from launcher.commands import listing
 
@@ -256,7 +266,7 @@ def prune(
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="AGE",
                                              help="Also every ended run older than AGE (e.g. 90m, 12h, 7d, 2w)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only list the runs it would remove."),
-):
+) -> None:
     """Remove the records of runs the preflight refused (they started nothing), and with --older-than of old ended
     runs; checkpoints and models are kept."""
     from launcher.commands import listing
@@ -269,15 +279,16 @@ def render(
     spec: Path = SpecArg,
     to: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE",
                                      help="Write the manifest here (default: stdout)."),
-):
+) -> None:
     """Write the Kubernetes JobSet of a [kubernetes] SPEC (YAML), checked against JobSet's API."""
     from launcher.errors import SpecError
     from launcher.commands.paths import output_file
+    from launcher.spec.cluster import KubernetesSpec
     from launcher.spec.file import load_spec
 
     output = output_file(to, "-o", "jobset.yaml")
     cluster = load_spec(spec)
-    if cluster.kubernetes is None:
+    if not isinstance(cluster, KubernetesSpec):
         raise SpecError(f"{spec} has no [kubernetes] table: 'render' writes a JobSet for Kubernetes; "
                         "'mgpu-cluster up' runs [[hosts]] and [slurm] specs")
     from launcher.engines.kubernetes import render as render_manifest
@@ -299,10 +310,11 @@ def tf_config(
     spec: Path = SpecArg,
     task: Optional[int] = typer.Option(None, "--task", help="Task index.", metavar="N"),
     all_: bool = typer.Option(False, "--all", help="Every task's TF_CONFIG."),
-):
+) -> None:
     """Print the TF_CONFIG of one task (or of all) as JSON; for backend = "jax", its KERAS_* variables."""
     from launcher.errors import SpecError
     from launcher.plan import plan_tasks
+    from launcher.spec.cluster import HostsSpec
     from launcher.spec.file import load_spec
     from worker.host.env import KERAS_VARIABLES, TF_CONFIG, Backend
 
@@ -310,25 +322,26 @@ def tf_config(
     if all_ == (task is not None):
         raise SpecError("Give exactly one of --task N or --all.")
     jax = cluster.training.backend is Backend.JAX
-    if cluster.hosts is None:
+    if not isinstance(cluster, HostsSpec):
         raise SpecError(f"{spec}: with [slurm] or [kubernetes], each task builds its "
                         f"{'KERAS_DISTRIBUTION_* variables' if jax else TF_CONFIG} when it starts, from "
                         "the nodes Slurm gave the job or the JobSet's host names; 'mgpu-cluster up --dry-run' shows how")
-    if not all_ and not 0 <= task < cluster.num_workers:
+    if task is not None and not 0 <= task < cluster.num_workers:  # not --all
         raise SpecError(f"--task {task}: {spec} has tasks 0..{cluster.num_workers - 1}.")
     plans = plan_tasks(cluster, "tf-config")  # the one builder's
+    configs: list[dict[str, object]]
     if jax:  # the counterpart of TF_CONFIG: what keras.distribution.initialize() reads
         configs = [{k: p.env[k] for k in KERAS_VARIABLES if k in p.env} for p in plans]
     else:
         configs = [json.loads(p.env[TF_CONFIG]) for p in plans]
-    typer.echo(json.dumps(configs if all_ else configs[task], indent=2))
+    typer.echo(json.dumps(configs if task is None else configs[task], indent=2))
 
 @command()
-def schema():
+def schema() -> None:
     """Print the JSON Schema of cluster.toml (for editors)."""
-    from launcher.spec.cluster import ClusterSpec
+    from launcher.spec.cluster import spec_schema
 
-    typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
+    typer.echo(json.dumps(spec_schema(), indent=2))
 
 
 def main() -> None:
@@ -362,7 +375,8 @@ def main() -> None:
                 _error(said)
             else:
                 try:
-                    exc.show()
+                    if isinstance(exc, _Shown):
+                        exc.show()
                 except OSError:
                     pass
         elif "Abort" in names:
@@ -379,14 +393,21 @@ def main() -> None:
     _exit(code)
 
 
-def _unknown_option(exc) -> str | None:
+@runtime_checkable
+class _Shown(Protocol):
+    """A click exception (click's, or typer's own copy): it prints itself."""
+
+    def show(self) -> None: ...
+
+
+def _unknown_option(exc: Exception) -> str | None:
     """An option that `up` or `check` does not have: most often the training's own, which go after -- (one
     paragraph that shows the command line that works)."""
     import difflib
 
     ctx, name = getattr(exc, "ctx", None), getattr(exc, "option_name", None)
     command_name = ctx.info_name if ctx is not None else None
-    if type(exc).__name__ != "NoSuchOption" or command_name not in ("up", "check") or not name:
+    if type(exc).__name__ != "NoSuchOption" or ctx is None or command_name not in ("up", "check") or not name:
         return None
     mine = [o for p in ctx.command.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
             if o.startswith("-") and not getattr(p, "hidden", False)]
@@ -436,7 +457,7 @@ def _exit(code: int) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     # What sys.exit would do (the interpreter's own two shutdown steps: wait for non-daemon threads,
     # executors' exit hooks included, then atexit), less the teardown of every module (~40 ms).
-    threading._shutdown()
+    threading._shutdown()  # type: ignore[attr-defined]  # private, so not in typeshed; no public equivalent
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

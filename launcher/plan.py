@@ -7,14 +7,15 @@ import sys
 from dataclasses import dataclass
 
 from launcher.run.home import run_folder
-from launcher.spec.cluster import ClusterSpec, Host
+from launcher.spec.cluster import ClusterSpec, Host, HostsSpec
 from launcher.spec.base import SECRET
 from worker.host import layout
+from worker.host.entries import SupervisedArgs
 from worker.host.env import Backend, endpoint, keeps_spare, task_environment, visible_devices
 from worker.host.spawn import module_argv
 from worker.task.program import Program
 
-SUPERVISOR = "worker.task.supervised"  # the on-host entry of local and SSH tasks
+SUPERVISOR = SupervisedArgs.module  # the on-host entry of local and SSH tasks
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,10 @@ class TaskPlan:
     def supervisor_args(self, attempt: int, lifeline: float | None = None, standby: bool = False) -> list[str]:
         """The supervisor's arguments (after its module): a held preflight check passes them on. `standby`:
         it starts the program warm and the attempt on "go" (worker.task.supervised)."""
-        extra = ["--cpus", ",".join(map(str, self.host.cpus))] if self.host.cpus else []
-        extra += ["--lifeline", f"{lifeline:g}"] if lifeline else []
-        extra += ["--warm"] if self.warm else []
-        extra += ["--standby"] if standby and self.warm else []
-        return ["--run-dir", self.run_dir, "--attempt", str(attempt), "--port", str(self.host.port),
-                "--grace", f"{self.grace:g}", "--preempt-grace", f"{self.preempt_grace:g}", "--env-stdin", *extra,
-                "--", *self.argv]
+        return SupervisedArgs(run_dir=self.run_dir, attempt=attempt, port=self.host.port, grace=self.grace,
+                              preempt_grace=self.preempt_grace, env_stdin=True, cpus=tuple(self.host.cpus or ()),
+                              lifeline=lifeline or None, warm=self.warm, standby=standby and self.warm,
+                              program=self.argv).argv()
 
 
 def warm(spec: ClusterSpec) -> bool:
@@ -88,6 +86,7 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     t = spec.training
     if t.command is not None:
         return (*t.command, *t.args)
+    assert t.entrypoint is not None  # the spec holds exactly one of command and entrypoint
     argv = [*module_argv(python, "worker"), "--entrypoint", t.entrypoint]
     for flag, value in (("--epochs", t.epochs), ("--steps-per-epoch", t.steps_per_epoch),
                         ("--batch-size-per-replica", t.batch_size_per_replica), ("--learning-rate", t.learning_rate)):
@@ -110,7 +109,7 @@ def worker_argv(spec: ClusterSpec, python: str) -> tuple[str, ...]:
     return (*argv, *t.args)
 
 
-def plan_tasks(spec: ClusterSpec, run_id: str, only: list[int] | None = None) -> list[TaskPlan]:
+def plan_tasks(spec: HostsSpec, run_id: str, only: list[int] | None = None) -> list[TaskPlan]:
     """Every task's plan; `only`: the spec's host indices that take part (elastic: fewer hosts).
 
     A task keeps its index and folder whatever the others do; its TF_CONFIG (or Keras' variables) names

@@ -563,10 +563,11 @@ def test_tf_config_round_trips_through_tensorflow(monkeypatch):
 
 def test_example_slurm_spec_is_valid():
     from conftest import REPO
+    from launcher.spec.cluster import SlurmSpec
     from launcher.spec.file import load_spec
 
     spec = load_spec(REPO / "cluster.slurm.toml")
-    assert spec.hosts is None and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1
+    assert isinstance(spec, SlurmSpec) and spec.slurm.nodes == spec.num_workers == 2 and spec.launch.max_restarts == 1
     script = batch_script(spec, "20260101-000000-abcd", 0)
     assert "#SBATCH --gpus-per-node=1" in script and "#SBATCH --account=myproject" in script
 

@@ -173,5 +173,9 @@ def test_tf_config_command(cli, tmp_path):
 def test_schema_lists_every_section(cli):
     r = cli("schema", timeout=60)
     assert r.returncode == 0
-    props = json.loads(r.stdout)["properties"]
-    assert {"hosts", "defaults", "training", "launch", "sync"} <= set(props)
+    schema = json.loads(r.stdout)
+    kinds = [schema["$defs"][one["$ref"].rsplit("/", 1)[1]]["properties"] for one in schema["anyOf"]]
+    # one kind per table that says where the tasks run, each with the sections every spec shares
+    assert sorted(sorted({"hosts", "slurm", "kubernetes"} & set(props)) for props in kinds) == [
+        ["hosts"], ["kubernetes"], ["slurm"]], kinds
+    assert all({"defaults", "training", "launch", "sync"} <= set(props) for props in kinds), kinds

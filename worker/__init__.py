@@ -6,6 +6,7 @@ Importing this package does not import TensorFlow (the launcher's supervisor imp
 """
 
 import importlib
+from typing import Any
 
 # Where each public name lives. Resolved on first use, so that the supervisor and the
 # launcher, which import only submodules, do not pay for the runner and strategy modules.
@@ -22,7 +23,7 @@ _HOME = {
 __all__ = sorted(_HOME)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # Any: the object named, of its own type (importlib hands it over untyped)
     # ProgressCallback is a Keras class: built (and TensorFlow imported) on first use.
     if name in _HOME:
         return getattr(importlib.import_module(f"worker.{_HOME[name]}"), name)

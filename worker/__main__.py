@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 
@@ -103,7 +104,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)
+        if isinstance(stream, io.TextIOWrapper):  # the interpreter's own (None without a stream)
+            stream.reconfigure(line_buffering=True)
     args = parser().parse_args(argv)
     config = RunConfig(
         entrypoint=args.entrypoint, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,

@@ -9,7 +9,9 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Callable
 
+from launcher.engines.base import Inspecting
 from launcher.errors import RunFailed
 from launcher.plan import run_root
 from launcher.run import record
@@ -21,7 +23,7 @@ CALL_TIMEOUT_S = 300.0  # hashing a large model takes a while
 CHUNK = 1 << 20
 
 
-def fetch(run_id: str | None, out: Path | None, say) -> Path:
+def fetch(run_id: str, out: Path | None, say: Callable[[str], None]) -> Path:
     """Copy the run's saved model here (to `out`, else ./model-RUN.keras); the path written."""
     run = record.load(run_id)
     engine = inspector(run)
@@ -49,7 +51,7 @@ def fetch(run_id: str | None, out: Path | None, say) -> Path:
         engine.close()
 
 
-def copy(engine, index: int, path: str, size: int, sha256: str, dest: Path, where: str) -> None:
+def copy(engine: Inspecting, index: int, path: str, size: int, sha256: str, dest: Path, where: str) -> None:
     """The file into a temporary file beside `dest`, checked by size and SHA-256, then renamed over it."""
     partial = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.partial")
     digest, got = hashlib.sha256(), 0

@@ -8,11 +8,11 @@ record is listed as damaged, never a traceback.
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import shutil
 import time
+from typing import Union
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,16 +23,18 @@ from launcher.run.home import RUN_ID, run_folder, runs_dir
 from launcher.run import record
 from launcher.run.lock import Lock
 from launcher.run.failure import FailureKind
-from launcher.run.states import RunPhase, RunState
+from launcher.run.states import RunPhase, RunState, Word
 from worker.host import layout
 
 
-# a run's state as `ls` shows it: the run's own, or what its record says beyond that
-Shown = enum.Enum("Shown", {**{s.name: s.value for s in RunState},
-                            "REFUSED": "refused",  # the preflight refused it: nothing was started
-                            "DAMAGED": "damaged"},  # its record cannot be read
-                  type=str)
-Shown.__str__ = lambda self: self.value
+class Listed(Word):
+    """What `ls` shows of a run beyond its own state (RunState)."""
+
+    REFUSED = "refused"  # the preflight refused it: nothing was started
+    DAMAGED = "damaged"  # its record cannot be read
+
+
+Shown = Union[RunState, Listed]  # a run's state as `ls` shows it
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class RunRow:
     tasks: int | None = None
     why: str | None = None  # a damaged record's reason, a failed run's kind
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"run_id": self.run_id, "state": str(self.state), "spec": self.spec, "engine": self.engine,
                 "started_at": self.started_at, "duration_s": self.duration_s, "tasks": self.tasks, "why": self.why}
 
@@ -80,9 +82,9 @@ def row(run_id: str, now: float) -> RunRow:
     try:
         run = record.load(run_id)
     except (RunCorrupt, RunNotFound) as exc:
-        return RunRow(run_id, Shown.DAMAGED, why=str(exc)[:300])
-    state = (Shown.REFUSED if refused(run) else Shown(run.state.value) if run.ended or record.launcher_alive(run)
-             else Shown.LOST)  # not ended and its launcher gone: `status` settles it with its hosts
+        return RunRow(run_id, Listed.DAMAGED, why=str(exc)[:300])
+    state: Shown = (Listed.REFUSED if refused(run) else run.state if run.ended or record.launcher_alive(run)
+                    else RunState.LOST)  # not ended and its launcher gone: `status` settles it with its hosts
     end = run.ended_at if run.ended and run.ended_at else now
     return RunRow(run_id, state, spec=run.spec_path, engine=run.engine, started_at=run.created_at,
                   duration_s=round(max(0.0, end - run.created_at), 1), tasks=len(run.tasks),
@@ -98,8 +100,8 @@ def rows() -> list[RunRow]:
     return [_row(run_id, os.path.join(folder, run_id, record.STATE), now) for run_id in ids]
 
 
-_kept: dict[str, tuple[tuple, RunRow]] = {}  # run id: (its state.json's inode, size, mtime; its row)
-_SETTLED = {Shown.REFUSED, Shown.DAMAGED, *(Shown(s.value) for s in RunState if s.ended)}
+_kept: dict[str, tuple[tuple[int, int, int], RunRow]] = {}  # run id: (its state.json's inode, size, mtime; its row)
+_SETTLED: set[Shown] = {Listed.REFUSED, Listed.DAMAGED, *(s for s in RunState if s.ended)}
 
 
 def _row(run_id: str, state: str, now: float) -> RunRow:
@@ -286,7 +288,7 @@ def prune(older_than: str | None, dry_run: bool = False) -> None:
     started longer ago than that."""
     limit = age_s(older_than) if older_than is not None else None
     now = time.time()
-    found = [r.run_id for r in rows() if r.state == Shown.REFUSED or (
-        limit is not None and r.state in _SETTLED - {Shown.DAMAGED} and r.started_at is not None
+    found = [r.run_id for r in rows() if r.state == Listed.REFUSED or (
+        limit is not None and r.state in _SETTLED - {Listed.DAMAGED} and r.started_at is not None
         and now - r.started_at > limit) and _refusal(r.run_id) is None]
     _removed(found, dry_run)

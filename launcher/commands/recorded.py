@@ -15,17 +15,19 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.run import files, interrupts, record
+from launcher.run.home import run_folder
 from launcher.run.failure import Failure, FailureKind, stop_words
 from launcher.run.logs import never_started, show
 from launcher.engines import engine_for
 from launcher.errors import HomeError, Interrupted, RunCorrupt, RunFailed, RunNotFound, SpecError
 from launcher.run.output import Output
 from launcher.spec.file import load_spec
-from launcher.engines.base import EngineKind, Inspecting
+from launcher.engines.base import EngineKind, Inspecting, ProbeRow, Result
 from launcher.run.tables import plain, render
 from launcher.run.view import EXITED, snapshot, task_now
 from worker.host import layout, procs
@@ -40,7 +42,7 @@ LIVE = (TaskState.PENDING, TaskState.RUNNING)
 
 
 def inspector(run: record.RunRecord) -> Inspecting:
-    path = record.run_path(run.run_id) / "spec.toml"
+    path = run_folder(run.run_id) / "spec.toml"
     try:
         files.read_file(path)  # the copy is untrusted bytes too: a regular file, of a bounded size
         spec = load_spec(path, base=Path(run.spec_path).parent)
@@ -58,7 +60,7 @@ def inspector(run: record.RunRecord) -> Inspecting:
     return engine
 
 
-def _probe(run: record.RunRecord, engine: Inspecting | None = None) -> list:
+def _probe(run: record.RunRecord, engine: Inspecting | None = None) -> list[Result[ProbeRow]]:
     """What every task's host says now, hosts asked at once (`engine`: one kept open, by `status --watch`)."""
     if engine is not None:
         return engine.probe([t.index for t in run.tasks])
@@ -75,7 +77,7 @@ class Seen:
     could not be recorded (a read-only or full MGPU_HOME), if it could not."""
 
     run: record.RunRecord
-    probes: list | None = None
+    probes: list[Result[ProbeRow]] | None = None
     unrecorded: str | None = None
 
 
@@ -91,7 +93,7 @@ def settle(run: record.RunRecord) -> Seen:
             return Seen(run)
         probes = _probe(run)
         for task, res in zip(run.tasks, probes):
-            if res.ok:
+            if res.value is not None:
                 task.seen(task_now(task.state, res.value), res.value.get("exit_code"))
             elif task.state not in EXITED:
                 task.seen(TaskState.LOST)
@@ -107,12 +109,14 @@ def settle(run: record.RunRecord) -> Seen:
 
 
 def _cannot_write(owner: record.Owner) -> str:
-    path, exc = record.run_path(owner.record.run_id) / record.STATE, owner.error
+    path, exc = run_folder(owner.record.run_id) / record.STATE, owner.error
+    if exc is None:
+        return f"cannot write {path}"
     room = f" ({free_space(path)} there)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return f"cannot write {path}: {exc.strerror or exc}{room}"
 
 
-def _end(run: record.RunRecord, note: dict | None) -> None:
+def _end(run: record.RunRecord, note: dict[str, Any] | None) -> None:  # Any: the room's JSON, read with care
     """The end of a run none of whose tasks runs any more, as its hosts say; when its launcher could not write
     its record, what it noted in the room kept for that (record.UNSAVED) is said with it."""
     if all(t.state == TaskState.SUCCEEDED for t in run.tasks):
@@ -149,7 +153,7 @@ def look(run: record.RunRecord, probe: bool = False, engine: Inspecting | None =
     return Seen(run)
 
 
-def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
+def status(run_id: str, as_json: bool = False, watch: bool = False, probe: bool = False) -> None:
     """`status`; with `watch`, a frame every WATCH_S until the run ends, each read at one moment: every task's
     host asked at once (its progress.json, its process), not the record's rows, which arrive seconds apart."""
     out = Output(threaded=False)
@@ -167,7 +171,8 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
                 engine = inspector(run)  # kept for every frame (one SSH connection per host, not one a frame)
             seen = look(run, probe, engine)
             run = seen.run
-            snap = {**snapshot(run, seen.probes), "unrecorded": seen.unrecorded}
+            snap = snapshot(run, seen.probes)
+            snap["unrecorded"] = seen.unrecorded
             if as_json:
                 print(json.dumps(snap, allow_nan=False), flush=True)
             elif live is not None:
@@ -189,7 +194,7 @@ def status(run_id: str | None, as_json: bool = False, watch: bool = False, probe
             live.stop()
 
 
-def logs(run_id: str | None, task: int | None = None, follow: bool = False, tail: int | None = None) -> None:
+def logs(run_id: str, task: int | None = None, follow: bool = False, tail: int | None = None) -> None:
     run = record.load(run_id)
     chosen = [t.index for t in run.tasks if task is None or t.index == task]
     if not chosen:
@@ -208,7 +213,7 @@ def _ask_launcher(run: record.RunRecord, out: Output) -> None:
     if proc is None:
         return
     try:  # how the launcher tells `down` from a Ctrl-C; on a full MGPU_HOME it stops all the same
-        (record.run_path(run.run_id) / "down.request").write_text(f"{os.getpid()}\n")
+        (run_folder(run.run_id) / "down.request").write_text(f"{os.getpid()}\n")
     except OSError:
         pass
     out.say(f"asking the launcher of run {run.run_id} (pid {proc.pid}) to stop every task")
@@ -216,7 +221,7 @@ def _ask_launcher(run: record.RunRecord, out: Output) -> None:
     wait_until(lambda: not record.launcher_alive(run), DOWN_WAIT_S, 0.1)
 
 
-def down(run_id: str | None) -> None:
+def down(run_id: str) -> None:
     run = record.load(run_id)
     try:
         _down(run)

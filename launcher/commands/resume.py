@@ -8,15 +8,18 @@ import os
 import posixpath
 import shlex
 from pathlib import Path
+from typing import Iterator
 
 from launcher.engines.base import EngineKind, TaskCheck
 from launcher.errors import PreflightError, RunCorrupt, RunNotFound, SpecError
 from launcher.commands.listing import past_preflight, run_ids
-from launcher.plan import SECRET, checkpoint_folder, plan_tasks, run_root
+from launcher.plan import checkpoint_folder, plan_tasks, run_root
+from launcher.spec.base import SECRET
 from launcher.run import files, record
+from launcher.run.home import run_folder
 from launcher.run.progress import typed
 from launcher.run.states import RunState
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import ClusterSpec, HostsSpec, KubernetesSpec
 from launcher.spec.file import load_spec
 from worker.host import layout
 from worker.host.startpoint import Refused, StartPoint, decide, look_first, options
@@ -38,7 +41,7 @@ def earlier_run(spec_path: Path) -> str:
                     "(give one: --resume RUN).")
 
 
-def _flat(value, path: str = ""):
+def _flat(value: object, path: str = "") -> Iterator[tuple[str, object]]:
     if isinstance(value, dict):
         for key, item in value.items():
             yield from _flat(item, f"{path}.{key}" if path else str(key))
@@ -53,7 +56,7 @@ def differences(then: ClusterSpec, now: ClusterSpec) -> list[str]:
     """Each key whose value differs, as 'key: <then> then, <now> now' (secret-looking env values hidden)."""
     old, new = dict(_flat(then.model_dump(mode="json"))), dict(_flat(now.model_dump(mode="json")))
 
-    def shown(key: str, value) -> str:
+    def shown(key: str, value: object) -> str:
         return "(not set)" if value is None else "****" if SECRET.search(key.rsplit(".", 1)[-1]) else repr(value)
 
     return [f"{key}: {shown(key, old.get(key))} then, {shown(key, new.get(key))} now"
@@ -61,7 +64,7 @@ def differences(then: ClusterSpec, now: ClusterSpec) -> list[str]:
 
 
 def spec_of(run: record.RunRecord) -> ClusterSpec:
-    path = record.run_path(run.run_id) / "spec.toml"
+    path = run_folder(run.run_id) / "spec.toml"
     try:
         files.read_file(path)  # the copy is untrusted bytes too: a regular file, of a bounded size
         return load_spec(path, base=Path(run.spec_path).parent)
@@ -76,11 +79,11 @@ def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpe
     that run's id.
     Refused (SpecError, exit 2) where it cannot: another engine, your own command, a run not ended or one that
     finished, a spec that differs from the one that run was started with."""
-    if spec.kubernetes is not None:
+    if isinstance(spec, KubernetesSpec):
         raise SpecError(f"{spec_path}: a JobSet run is started by kubectl, not by up: applied again with the same "
                         "name it resumes its own checkpoint; to go on from another run's backup in a shared "
                         "checkpoint_dir, add '--resume-run RUN' (that run's name) to [training] args.")
-    if spec.hosts is None and not spec.training.checkpoint_dir:
+    if not isinstance(spec, HostsSpec) and not spec.training.checkpoint_dir:
         raise SpecError(f"{spec_path}: --resume of a Slurm run goes on from the backup in its checkpoint_dir: set "
                         "[training] checkpoint_dir to a folder every run sees (on the shared workdir), as the run "
                         "to go on from had it.")
@@ -103,9 +106,9 @@ def resumed(spec: ClusterSpec, spec_path: Path, run_id: str) -> tuple[ClusterSpe
         raise SpecError(f"--resume {run_id}: {spec_path} differs from the spec that run was started with, so its "
                         "checkpoint may not fit this training:\n  " + "\n  ".join(changed[:SHOWN_MAX]) + more +
                         f"\nPut those keys back as they were (the run keeps its spec in "
-                        f"{record.run_path(run_id) / 'spec.toml'}), or start a new run without --resume. Arguments "
+                        f"{run_folder(run_id) / 'spec.toml'}), or start a new run without --resume. Arguments "
                         "after -- are not part of the spec and may change.")
-    if spec.training.checkpoint_dir:
+    if spec.training.checkpoint_dir or not isinstance(spec, HostsSpec):
         return (with_training_args(spec, ["--resume-run", run_id]),
                 f"resuming run {run_id} from the backup in checkpoint_dir {spec.training.checkpoint_dir}", run_id)
     folders = {layout.checkpoint_dir(run_root(h, run_id)) for h in spec.hosts}
@@ -168,7 +171,7 @@ def resumed_args(run_id: str, given: list[str]) -> tuple[list[str], str]:
 def resume_hint(spec: ClusterSpec, spec_path: Path, run: record.RunRecord) -> str:
     """For a run stopped or failed with a checkpoint to go on from, the command that resumes it ('' where none
     shows: a command of your own, no backup in a local host's folder, or no epoch ended on a remote one)."""
-    if spec.training.entrypoint is None or spec.hosts is None or run.state == RunState.SUCCEEDED:
+    if spec.training.entrypoint is None or not isinstance(spec, HostsSpec) or run.state == RunState.SUCCEEDED:
         return ""
     saved = False
     for plan in plan_tasks(spec, run.run_id):  # where each local task keeps its checkpoint, as the runner does

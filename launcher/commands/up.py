@@ -5,24 +5,28 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from launcher.run import interrupts, record
+from launcher.run.home import new_run_id, run_folder
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
-from launcher.engines.base import Engine, Launching, TaskCheck
+from launcher.engines.base import Claim, Engine, Launching, TaskCheck
 from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
-from launcher.run.lock import Lock
 from launcher.run.output import Output
 from launcher.run.phases import restarts_words
 from launcher.commands.resume import resume_hint, resumed, resumed_args, start_point
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import ClusterSpec, HostsSpec
 from launcher.spec.file import load_spec
 from launcher.run.tables import checks_table, refused, summary
 from launcher.run.states import RunPhase, RunState
 
+if TYPE_CHECKING:
+    from launcher.preflight.links import LinkReport
 
-def refuse(checks) -> None:
+
+def refuse(checks: list[TaskCheck]) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
         raise PreflightError(f"preflight refused the cluster, nothing was started:\n{refused(checks)}\n"
@@ -54,7 +58,7 @@ def check(spec_path: Path, as_json: bool = False) -> None:
     engine = launching(spec_path, engine_for(spec, "check"))
     out = Output(threaded=False)
     say = (lambda m: out.err.print("mgpu-cluster | " + m, markup=False)) if as_json else out.say
-    remote = [h.label for h in spec.hosts or [] if not h.is_local]
+    remote = [h.label for h in spec.hosts if not h.is_local] if isinstance(spec, HostsSpec) else []
     if spec.sync and remote:
         say(f"copying the sync files ({', '.join(spec.sync)}) to the workdir of {', '.join(dict.fromkeys(remote))}, "
             "creating it where missing, as up does; check starts no training")
@@ -74,14 +78,14 @@ def check(spec_path: Path, as_json: bool = False) -> None:
         engine.close()
 
 
-def links_of(engine: Engine):
+def links_of(engine: Engine) -> LinkReport | None:
     """`check`'s measurement of the links, for an engine whose hosts we reach ourselves (not a scheduler's)."""
-    from launcher.preflight import links
     from launcher.engines.supervised import SupervisedEngine
+    from launcher.preflight.links import measure
 
     if not isinstance(engine, SupervisedEngine):
         return None
-    return links.measure(engine.plans, [engine.transports[p.index] for p in engine.plans])
+    return measure(engine.plans, [engine.transports[p.index] for p in engine.plans])
 
 
 def with_args(spec: ClusterSpec, args: list[str]) -> ClusterSpec:
@@ -100,33 +104,40 @@ def up(spec_path: Path, detach: bool = False, dry_run: bool = False, quiet: bool
         args, told = resumed_args(resume, given)
     spec = with_args(spec, args or [])
     background = run_id is not None  # started by `up --detach`
-    run_id = run_id or record.new_run_id()
-    planned = engine_for(spec, run_id)
+    run_id = run_id or new_run_id()
+    planned = engine_for(spec, run_id)  # the one engine of this `up`
     said = [line for line in (resuming, told) if line]
     if dry_run:
         out = Output(threaded=False)
         for line in said:
             out.say(line)
-        return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
-    launching(spec_path, planned)
+        try:
+            return planned.dry_run(lambda text: out.console.print(text, markup=False, highlight=False))
+        finally:
+            planned.close()
+    engine = launching(spec_path, planned)
     if detach:
         from launcher.run.detach import start_detached
 
-        return start_detached(spec_path, run_id, len(planned.plans), verbose, resume=resume, args=given)
-    owner = record.Owner.create(run_id, spec_path, planned.plans, detached=background, args=args)
-    planned.close()
-    out = Output(quiet=quiet, verbose=verbose, log_path=record.run_path(run_id) / "launcher.log")
+        engine.close()
+        return start_detached(spec_path, run_id, len(engine.plans), verbose, resume=resume, args=given)
+    try:
+        owner = record.Owner.create(run_id, spec_path, engine.plans, detached=background, args=args)
+    except BaseException:
+        engine.close()
+        raise
+    out = Output(quiet=quiet, verbose=verbose, log_path=run_folder(run_id) / "launcher.log")
     for line in said:
         out.say(line)
-    run_recorded(spec, spec_path, owner, out)
+    run_recorded(spec, spec_path, owner, out, engine)
 
 
-def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: Output) -> None:
+def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: Output, engine: Launching) -> None:
     """The run, once recorded: port claims, preflight, the agent; its end told and recorded whatever happens."""
     run = owner.record
-    engine = launching(spec_path, engine_for(spec, run.run_id, landed=run))  # reads what the run learns from its record
+    engine.recorded_in(run)  # reads what the run learns from its record
     run.engine_is(engine.kind)
-    claims: list[Lock] = []
+    claims: Sequence[Claim] = []
     t0 = time.time()
     try:
         out.say(f"run {run.run_id}: {len(run.tasks)} task(s); checking hosts and ports")
@@ -136,10 +147,11 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         refuse(checks)
         keep_findings(run, checks)
         if spec.training.entrypoint:  # the built-in runner's checkpoint (a command keeps its own)
-            run.set_start(start_point(checks, engine.kind, run.run_id, spec_path))
-            out.say(f"run {run.run_id} {run.start.words()}")
+            start = start_point(checks, engine.kind, run.run_id, spec_path)
+            run.set_start(start)
+            out.say(f"run {run.run_id} {start.words()}")
         run.took(RunPhase.PREFLIGHT_S, time.time() - t0)
-        out.say(f"starting {len(run.tasks)} task(s); logs in {record.run_path(run.run_id)}")
+        out.say(f"starting {len(run.tasks)} task(s); logs in {run_folder(run.run_id)}")
         agent = Agent(spec, engine, owner, out)
         try:
             agent.execute()
@@ -189,7 +201,7 @@ def tell_end(out: Output, run: record.RunRecord) -> None:
     say_straggler(out, run)
 
 
-def say_straggler(out, run) -> None:
+def say_straggler(out: Output, run: record.RunRecord) -> None:
     from launcher.diagnose.straggler import summary_line
 
     line = summary_line(run.tasks)
@@ -197,7 +209,7 @@ def say_straggler(out, run) -> None:
         out.say(line)
 
 
-def phases(run) -> str:
+def phases(run: record.RunRecord) -> str:
     ph, parts = run.phases, []
     if RunPhase.PREFLIGHT_S in ph:
         parts.append(f"preflight {ph['preflight_s']:.2f} s")

@@ -4,6 +4,7 @@ thread pool (plain `def` handlers)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -20,7 +21,7 @@ from launcher.errors import MgpuError, RunNotFound
 STATIC = Path(__file__).parent / "static"
 
 
-def _answer(read, *args) -> JSONResponse:
+def _answer(read: Callable[..., object], *args: str) -> JSONResponse:
     """`read(*args)` as JSON; a user-facing error as {"error": paragraph} (404 for no such run)."""
     try:
         return JSONResponse(read(*args))

@@ -9,6 +9,8 @@ import json
 import threading
 import time
 import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from launcher.commands import listing, recorded
 from launcher.engines.base import parallel
@@ -19,7 +21,10 @@ from launcher.run import files, record
 from launcher.run.logs import Lines, screen, unreadable
 from launcher.run.screen import is_noise
 from launcher.run.states import RunState
-from launcher.run.view import snapshot
+from launcher.run.view import Snapshot, snapshot
+
+if TYPE_CHECKING:
+    from launcher.diagnose.series import Series
 
 LIVE = {s.value for s in RunState if not s.ended}  # the states of a run /metrics watches
 RUNS_SHOWN = 500  # the runs page lists the newest; `mgpu-cluster ls` lists every run
@@ -27,7 +32,48 @@ LOG_TAIL = 40  # lines of each task's log on a run's page (read from at most its
 LINE_CHARS = 1000  # of a longer line, its start: a task's tail is at most about 40 KB
 
 
-def run_list(shown: int = RUNS_SHOWN) -> dict:
+class RunList(TypedDict):
+    runs: list[dict[str, object]]
+    total: int
+
+
+class FinalFigures(TypedDict):
+    task: int
+    epoch: int
+    epochs: int | None
+    loss: float | None
+    metrics: dict[str, float]
+    samples_per_sec: float | None
+
+
+class Status(Snapshot):
+    """A run as its page shows it: as `status --json` does, with what the page adds."""
+
+    refused: bool
+    spec: str
+    created_at: float
+    ended_at: float | None
+    start_said: str | None
+    final: FinalFigures | None
+    spec_text: str | None
+
+
+class LogTail(TypedDict):
+    index: int
+    host: str
+    lines: list[str]
+    hidden: NotRequired[int]  # lines of start-up chatter left out
+    error: str | None
+
+
+class TaskStacksJson(TypedDict):
+    index: int
+    host: str
+    ok: bool
+    text: str
+
+
+def run_list(shown: int = RUNS_SHOWN) -> RunList:
     """The newest `shown` recorded runs, as `ls --json` gives them, and how many there are."""
     found = listing.rows()
     return {"runs": [r.to_json() for r in found[:shown]], "total": len(found)}
@@ -50,7 +96,7 @@ def checked(run_id: str) -> str:
     return run_id
 
 
-def status(run_id: str) -> dict:
+def status(run_id: str) -> Status:
     """The run as `status --json` shows it (a run whose launcher is gone is settled with its hosts, as there)."""
     seen = recorded.look(record.load(checked(run_id)))
     run = seen.run
@@ -61,11 +107,11 @@ def status(run_id: str) -> dict:
             "final": final(snap) if run.ended else None, "spec_text": spec_text(run.run_id)}
 
 
-def final(snap: dict) -> dict | None:
+def final(snap: Snapshot) -> FinalFigures | None:
     """An ended run's last figures, as its tasks' progress gave them (`status --json`'s fields; loss and metrics
     are all-reduced, the same on every task: the lowest task's)."""
     t = next((t for t in snap["tasks"] if t["epoch"]), None)
-    if t is None:
+    if t is None or t["epoch"] is None:
         return None
     return {"task": t["index"], "epoch": t["epoch"], "epochs": t["epochs"], "loss": t["loss"],
             "metrics": t["metrics"], "samples_per_sec": t["samples_per_sec"]}
@@ -81,26 +127,26 @@ def spec_text(run_id: str) -> str | None:
     return "\n".join(_toml(_masked(spec))).strip() + "\n"
 
 
-def _masked(value):
+def _masked(value: Any) -> Any:  # Any: a parsed TOML value (tomllib's), returned with the same shape
     if isinstance(value, dict):
         texts = mask_env({k: v for k, v in value.items() if isinstance(v, str)})
         return {k: texts.get(k) if isinstance(v, str) else _masked(v) for k, v in value.items()}
     return [_masked(v) for v in value] if isinstance(value, list) else value
 
 
-def _toml(table: dict, name: str = "") -> list[str]:
+def _toml(table: dict[str, Any], name: str = "") -> list[str]:  # Any: a parsed TOML table
     """A parsed TOML document as TOML again: values first, then its tables and arrays of tables."""
     def key(k: str) -> str:
         return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else json.dumps(k)
 
-    def value(v) -> str:
+    def value(v: object) -> str:
         if isinstance(v, dict):
             return "{" + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()) + "}"
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v) if isinstance(v, str) else str(v)
 
-    def tables(v) -> bool:
+    def tables(v: object) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
     lines = [f"{key(k)} = {value(v)}" for k, v in table.items() if not isinstance(v, dict) and not tables(v)]
@@ -114,14 +160,14 @@ def _toml(table: dict, name: str = "") -> list[str]:
     return lines
 
 
-def series(run_id: str) -> dict:
+def series(run_id: str) -> Series:
     """The run's charts, the same data as its report's. An ended run's is read again only when its files
     change (a long run's history takes seconds to read); a live run's when the last read is older than
     REREAD times what it took (its chart runs up to now; a long history costs the server a share, not all)."""
     from launcher.diagnose import series as made
 
     folder = record.run_path(checked(run_id))
-    key = (run_id, *(_stat(folder / name) for name in (record.STATE, record.PROGRESS_LOG)))
+    key = (run_id, _stat(folder / record.STATE), _stat(folder / record.PROGRESS_LOG))
     with _lock:
         drawn = _drawn.get(key)
         due, live = _live.get(run_id, (0.0, None))
@@ -147,12 +193,12 @@ def series(run_id: str) -> dict:
 
 REREAD = 4
 DRAWN_KEPT = 8  # the series of this many ended runs kept
-_drawn: dict[tuple, dict] = {}
-_live: dict[str, tuple[float, dict]] = {}  # a live run's last series: (when to read it again, the series)
+_drawn: dict[tuple[str, tuple[int, int] | None, tuple[int, int] | None], Series] = {}
+_live: dict[str, tuple[float, Series]] = {}  # a live run's last series: (when to read it again, the series)
 _lock = threading.Lock()
 
 
-def _stat(path) -> tuple | None:
+def _stat(path: Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
     except OSError:
@@ -160,7 +206,7 @@ def _stat(path) -> tuple | None:
     return st.st_size, st.st_mtime_ns
 
 
-def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[dict]:
+def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[LogTail]:
     """The last `tail` lines of each task's log as a terminal shows them (screen()), without TensorFlow's start-up
     chatter as `up` hides it (`hidden`: how many of those lines), or the paragraph that says why it cannot be
     read."""
@@ -171,18 +217,19 @@ def log_tails(run_id: str, tail: int = LOG_TAIL) -> list[dict]:
     try:
         indices = [t.index for t in run.tasks]
         read = parallel(lambda i: engine.read_log(i, 0, tail), indices)
-        tails = []
+        tails: list[LogTail] = []
         for i, res in zip(indices, read):
-            lines = [screen(x, LINE_CHARS) for x in Lines().feed(res.value[0], final=True)[-tail:]] if res.ok else []
+            lines = ([screen(x, LINE_CHARS) for x in Lines().feed(res.value[0], final=True)[-tail:]]
+                     if res.value is not None else [])
             shown = [x for x in lines if not is_noise(x)]
             tails.append({"index": i, "host": run.task(i).host, "lines": shown, "hidden": len(lines) - len(shown),
-                          "error": None if res.ok else unreadable(run, engine, i, res.error)})
+                          "error": None if res.error is None else unreadable(run, engine, i, res.error)})
         return tails
     finally:
         engine.close()
 
 
-def stacks(run_id: str) -> list[dict]:
+def stacks(run_id: str) -> list[TaskStacksJson]:
     """The Python stacks of each running task, as `mgpu-cluster stacks` takes them; RunFailed when none runs."""
     from launcher.diagnose.commands import live_tasks, take_stacks
 

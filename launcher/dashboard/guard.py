@@ -8,9 +8,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 
-from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp
 
 ASKED = "x-mgpu-dashboard"  # a POST must carry it: a form of another site cannot, a script of another origin is
 # stopped by the browser's preflight
@@ -53,11 +54,11 @@ def bearer(request: Request) -> str | None:
 
 
 class Guard(BaseHTTPMiddleware):
-    def __init__(self, app, token: str, local: bool):
+    def __init__(self, app: ASGIApp, token: str, local: bool):
         super().__init__(app)
         self.token, self.local = token.encode(), local
 
-    async def dispatch(self, request: Request, call_next) -> Response:
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         if self.local and not loopback(_name(request.headers.get("host", ""))):
             return PlainTextResponse("this dashboard answers only to localhost", 421, headers=HEADERS)
         if not shell(request.url.path):

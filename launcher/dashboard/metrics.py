@@ -3,15 +3,17 @@ registry per request: no global state)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from typing import TypeGuard
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from launcher.dashboard import data
 from launcher.errors import MgpuError
-from launcher.run.view import STARTING
+from launcher.run.view import STARTING, TaskRow
 from launcher.run.states import RunState, TaskState
 
 TASK_STATES = [STARTING, *(s.value for s in TaskState)]  # as `status --json` shows them (launcher.run.view.shown_state)
@@ -37,17 +39,24 @@ GPU_GAUGES = {  # series name: (its figure in a `gpus` row of `status --json`, t
 }
 
 
-def gpu_samples(task: dict) -> list[tuple[str, str, float]]:
+def gpu_samples(task: TaskRow) -> list[tuple[str, str, float]]:
     """(series, gpu index, value) of a task's own GPUs (`status --json`'s `gpus`), only the figures known."""
     found = []
-    for gpu in task.get("gpus") or []:
+    gpus: object = task.get("gpus")  # as its host's probe said them (or the record's): anything, read with care
+    for gpu in gpus if isinstance(gpus, list) else []:
         for name, (field, factor, _) in GPU_GAUGES.items():
-            if isinstance(gpu.get("index"), int) and isinstance(gpu.get(field), int):  # None: not known
-                found.append((name, str(gpu["index"]), float(gpu[field] * factor)))
+            index, value = (gpu.get("index"), gpu.get(field)) if isinstance(gpu, dict) else (None, None)
+            if _number(index) and isinstance(index, int) and _number(value):  # None: not known
+                found.append((name, str(index), float(value * factor)))
     return found
 
 
-def watched_snapshots() -> Iterator[dict]:
+def _number(value: object) -> TypeGuard[int | float]:
+    """A finite number (not a bool): what a host's figure must be to become a sample."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def watched_snapshots() -> Iterator[data.Status]:
     """The watched runs (data.watched) as `status --json` shows them at the moment of the scrape."""
     for run_id in data.watched():
         try:
@@ -59,7 +68,7 @@ def watched_snapshots() -> Iterator[dict]:
 class RunsCollector(Collector):
     """The watched runs as they are at the moment of the scrape."""
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task"])
                   for name, (_, help_) in TASK_GAUGES.items()}
         gpu_gauges = {name: GaugeMetricFamily(name, help_, labels=["run", "task", "gpu"])
@@ -82,11 +91,12 @@ class RunsCollector(Collector):
             for task in snap["tasks"]:
                 labels = [run_id, str(task["index"])]
                 up.add_metric(labels, 1.0 if task["state"] in (STARTING, TaskState.RUNNING.value) else 0.0)
-                for state in TASK_STATES:
-                    task_state.add_metric([*labels, state], 1.0 if task["state"] == state else 0.0)
+                for shown in TASK_STATES:
+                    task_state.add_metric([*labels, shown], 1.0 if task["state"] == shown else 0.0)
                 for name, (field, _) in TASK_GAUGES.items():
-                    if task.get(field) is not None:  # unknown yet: no sample, as Prometheus expects
-                        gauges[name].add_metric(labels, float(task[field]))
+                    figure: object = task.get(field)  # cpu_percent and rss as the host's probe said them
+                    if _number(figure):  # unknown yet (or not a number): no sample, as Prometheus expects
+                        gauges[name].add_metric(labels, float(figure))
                 for name, gpu, value in gpu_samples(task):
                     gpu_gauges[name].add_metric([*labels, gpu], value)
         yield from (*gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)

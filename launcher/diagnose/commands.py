@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import RunFailed, RunNotFound
 from launcher.run import record
 from launcher.run.states import TaskState
 
+if TYPE_CHECKING:
+    from launcher.diagnose.stacks import TaskStacks
 
-def live_tasks(run_id: str, task: int | None = None) -> tuple[record.RunRecord, list, list]:
+
+def live_tasks(run_id: str, task: int | None = None) -> tuple[record.RunRecord, list[record.TaskRecord],
+                                                            list[record.TaskRecord]]:
     """The run (settled with its hosts when its launcher is gone: its record's `running` is stale), the tasks
     asked for (`task`, or all) and those of them that run; RunFailed (exit 1) when none of them runs."""
     from launcher.commands.recorded import settle
@@ -31,7 +36,7 @@ def live_tasks(run_id: str, task: int | None = None) -> tuple[record.RunRecord, 
     return run, chosen, live
 
 
-def take_stacks(run: record.RunRecord, live: list) -> list:
+def take_stacks(run: record.RunRecord, live: list[record.TaskRecord]) -> list[TaskStacks]:
     """The stacks of the `live` tasks of `run`, each taken on its host (TaskStacks: the stacks or why none)."""
     from launcher.diagnose.stacks import take
     from launcher.commands.recorded import inspector

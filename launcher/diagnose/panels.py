@@ -4,6 +4,13 @@ split, loss, metrics, and the timeline of phases and attempts; epoch marks and e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar, Unpack
+
+from launcher.diagnose.series import Epoch, Point, Series, Timed
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
                    "stopped": "#7f8c8d", None: "#95a5a6"}
@@ -13,69 +20,83 @@ PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67
 EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad"}
 BAR, LINE = "#9ecae1", "#08519c"
 MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark is labelled
+SPLIT: tuple[tuple[Literal["compute_ms", "wait_ms"], str, str], ...] = (
+    ("compute_ms", "-", "own work"), ("wait_ms", "--", "waiting"))
+
+T = TypeVar("T", bound=Timed)
 
 
-def _empty(ax, words: str) -> None:
+class Style(TypedDict, total=False):
+    """What _lines hands to matplotlib's plot for each line."""
+
+    color: str
+    marker: str
+    markersize: float
+    linewidth: float
+    alpha: float
+
+
+def _empty(ax: Axes, words: str) -> None:
     ax.text(0.5, 0.5, words, transform=ax.transAxes, ha="center", va="center", color="grey")
 
 
-def _from_zero(ax, values: list[float]) -> None:
+def _from_zero(ax: Axes, values: list[float]) -> None:
     top = max(values, default=0.0)
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
 
 
-def _legend(ax) -> None:
+def _legend(ax: Axes) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
 
 
-def _lines(ax, points: list[dict], key: str, style: str, label: str, value=None, **kw) -> list[float]:
-    """One line per attempt (a line never joins two attempts across a restart) of `key` (or `value(point)`);
-    labelled once. The values drawn."""
-    value = value or (lambda p: p[key])
-    attempts: dict[int, list] = {}
+def _lines(ax: Axes, points: list[T], value: Callable[[T], float | None], style: str, label: str | None,
+           **kw: Unpack[Style]) -> list[float]:
+    """One line per attempt (a line never joins two attempts across a restart) of `value(point)`; labelled once.
+    The values drawn."""
+    attempts: dict[int, list[tuple[float, float]]] = {}
     for p in points:
-        if value(p) is not None:
-            attempts.setdefault(p["attempt"], []).append((p["t"], value(p)))
+        if (v := value(p)) is not None:
+            attempts.setdefault(p["attempt"], []).append((p["t"], v))
     for pts in attempts.values():
         ax.plot(*zip(*pts), style, label=label, **kw)
         label = None
     return [v for pts in attempts.values() for _, v in pts]
 
 
-def throughput(ax, data: dict) -> None:
+def throughput(ax: Axes, data: Series) -> None:
     """The training throughput (worker.training.progress.training_rate): each epoch's as a bar over the time it took, the
     epoch's so far as a line; the group's, once (series: group)."""
-    epochs = [e for e in data["group"]["epochs"] if e["samples_per_s"] is not None]
+    epochs = [(e, rate) for e in data["group"]["epochs"] if (rate := e["samples_per_s"]) is not None]
     within = data["group"]["within"]
-    label = "per epoch: its console\nline's samples/s"
-    for e in epochs:
+    label: str | None = "per epoch: its console\nline's samples/s"
+    for e, rate in epochs:
         if e["start"] is not None and e["t"] > e["start"]:
-            ax.bar(e["start"], e["samples_per_s"], width=e["t"] - e["start"], align="edge", color=BAR,
+            ax.bar(e["start"], rate, width=e["t"] - e["start"], align="edge", color=BAR,
                    edgecolor="#3182bd", linewidth=0.8, label=label)
         else:
-            ax.plot([e["t"]], [e["samples_per_s"]], "s", color="#3182bd", label=label)
+            ax.plot([e["t"]], [rate], "s", color="#3182bd", label=label)
         label = None
         middle = (e["start"] + e["t"]) / 2 if e["start"] is not None else e["t"]
-        ax.annotate(f"{e['samples_per_s']:.0f}", (middle, e["samples_per_s"]), textcoords="offset points",
+        ax.annotate(f"{rate:.0f}", (middle, rate), textcoords="offset points",
                     xytext=(0, -3), ha="center", va="top", fontsize=7, color="#08306b")
     if within:
         tasks = ", ".join(map(str, sorted({p["task"] for p in within})))
-        _lines(ax, within, "samples_per_s", "-", f"within epochs: the epoch\nso far (task {tasks})", marker=".",
-               markersize=3, color=LINE, linewidth=1.2)
+        _lines(ax, within, lambda p: p["samples_per_s"], "-", f"within epochs: the epoch\nso far (task {tasks})",
+               marker=".", markersize=3, color=LINE, linewidth=1.2)
     if not epochs and not within:
         _empty(ax, "no samples/s recorded")
-    _from_zero(ax, [e["samples_per_s"] for e in epochs] + [p["samples_per_s"] for p in within])
+    _from_zero(ax, [rate for _, rate in epochs] + [p["samples_per_s"] for p in within])
     ax.set_ylabel("samples/s (group,\ntraining)")
     _legend(ax)
 
 
-def step_split(ax, data: dict, colours: dict[int, str]) -> None:
+def step_split(ax: Axes, data: Series, colours: dict[int, str]) -> None:
     """Per task, its own work and its wait per step (ms)."""
-    values = []
+    values: list[float] = []
     for task in data["tasks"]:
-        for key, style, words in (("compute_ms", "-", "own work"), ("wait_ms", "--", "waiting")):
-            values += _lines(ax, task["points"], key, style, f"task {task['index']} {words}",
+        for key, style, words in SPLIT:
+            values += _lines(ax, task["points"], lambda p: p[key], style, f"task {task['index']} {words}",
                              color=colours[task["index"]], marker=".", markersize=3, linewidth=1.1)
     if not values:
         _empty(ax, "no step split recorded (compute_ms, wait_ms)")
@@ -84,7 +105,7 @@ def step_split(ax, data: dict, colours: dict[int, str]) -> None:
     _legend(ax)
 
 
-def _within(data: dict) -> list[dict]:
+def _within(data: Series) -> list[Point]:
     """The points of the lowest task per attempt: metrics are all-reduced, every task shows the same."""
     chosen: dict[int, int] = {}
     for task in data["tasks"]:
@@ -93,22 +114,23 @@ def _within(data: dict) -> list[dict]:
     return [p for task in data["tasks"] for p in task["points"] if chosen.get(p["attempt"]) == task["index"]]
 
 
-def _per_epoch(ax, epochs: list[dict], name: str, marker: str, colour: str) -> list[float]:
-    def value(e: dict) -> float | None:
+def _per_epoch(ax: Axes, epochs: list[Epoch], name: str, marker: str, colour: str) -> list[float]:
+    def value(e: Epoch) -> float | None:
         return e["loss"] if name == "loss" else e["metrics"].get(name)
 
-    return _lines(ax, epochs, name, "-", f"{name} (epoch)", value, marker=marker, color=colour, linewidth=1.2,
+    return _lines(ax, epochs, value, "-", f"{name} (epoch)", marker=marker, color=colour, linewidth=1.2,
                   markersize=5)
 
 
-def loss(ax, data: dict) -> None:
+def loss(ax: Axes, data: Series) -> None:
     """The loss (and every metric named like one, val_loss) at each epoch's end; the running loss within."""
-    epochs, values = data["group"]["epochs"], []
+    epochs = data["group"]["epochs"]
+    values: list[float] = []
     names = ["loss"] + sorted({m for e in epochs for m in e["metrics"] if "loss" in m})
     for n, name in enumerate(names):
         values += _per_epoch(ax, epochs, name, "os^v"[n % 4], f"C{n}")
-    values += _lines(ax, _within(data), "loss", "-", "loss within epochs\n(running mean)", color="C0", alpha=0.4,
-                     linewidth=0.9)
+    values += _lines(ax, _within(data), lambda p: p["loss"], "-", "loss within epochs\n(running mean)", color="C0",
+                     alpha=0.4, linewidth=0.9)
     if not values:
         _empty(ax, "no loss recorded")
     elif min(values) >= 0:
@@ -117,7 +139,7 @@ def loss(ax, data: dict) -> None:
     _legend(ax)
 
 
-def metrics(ax, data: dict) -> None:
+def metrics(ax: Axes, data: Series) -> None:
     """Every other metric (accuracy, val_accuracy, ...) at each epoch's end."""
     epochs = data["group"]["epochs"]
     names = sorted({m for e in epochs for m in e["metrics"] if "loss" not in m})
@@ -129,7 +151,7 @@ def metrics(ax, data: dict) -> None:
     _legend(ax)
 
 
-def epoch_marks(axes: list, data: dict) -> None:
+def epoch_marks(axes: list[Axes], data: Series) -> None:
     """A dotted line at each epoch's end, labelled with its number on every panel given."""
     epochs = data["group"]["epochs"]
     every = max(1, math.ceil(len(epochs) / MAX_EPOCH_LABELS))
@@ -142,7 +164,7 @@ def epoch_marks(axes: list, data: dict) -> None:
                             color="#555555")
 
 
-def events(axes: list, data: dict) -> None:
+def events(axes: list[Axes], data: Series) -> None:
     """Restarts, preemptions, lost hosts and failures: a line across every panel, numbered as in the notes."""
     for n, ev in enumerate(data["events"], 1):
         colour = EVENT_COLOURS[ev["kind"]]
@@ -152,7 +174,7 @@ def events(axes: list, data: dict) -> None:
                          xytext=(3, 0), textcoords="offset points", fontsize=8, color=colour, weight="bold")
 
 
-def timeline(ax, data: dict) -> None:
+def timeline(ax: Axes, data: Series) -> None:
     """Phases (upper row) and attempts coloured by outcome (lower row)."""
     from matplotlib.patches import Patch
 

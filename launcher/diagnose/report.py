@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.diagnose import panels
+from launcher.diagnose.series import Series, Startup
 from launcher.errors import ReportError
 from worker.host.files import write_private
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike, NDArray
+
+    Scale = Callable[[ArrayLike], NDArray[np.float64]]  # one way of squeeze()'s time axis
 
 STARTUP_SHARE = 0.12  # of the time axis: a longer start-up is compressed into it
 WRAP = 150  # characters of a notes line at the figure's width
@@ -30,17 +41,19 @@ EPOCH_NOTE = ("dotted lines: epoch ends, numbered; loss and metrics at each epoc
               "every replica's batches of the epoch so far, as Keras' progress bar shows it).")
 
 
-def refused_words(data: dict) -> str:
+def refused_words(data: Series) -> str:
     rid = data["run_id"]
     return (f"run {rid} ended in its preflight ({data['state'] or 'no state recorded'}): no task was started, so "
             f"there is nothing to draw. 'mgpu-cluster status {rid}' tells why.")
 
 
-def knots(startups: list[dict], until: float | None) -> tuple[list[float], list[float]] | None:
+def knots(startups: list[Startup], until: float | None) -> tuple[list[float], list[float]] | None:
     """The time axis that draws the start-ups in STARTUP_SHARE of [0, until] together and the rest to scale, as
     the knots (times, positions) of a piecewise linear map; None where they take no more than that share anyway.
     The PNG (squeeze) and the live page's charts both draw with it."""
-    spans = [(s["start"], min(s["end"], until)) for s in startups if until and s["start"] < min(s["end"], until)]
+    if not until:
+        return None
+    spans = [(s["start"], min(s["end"], until)) for s in startups if s["start"] < min(s["end"], until)]
     taken = sum(b - a for a, b in spans)
     if not spans or taken >= until or taken <= STARTUP_SHARE * until:
         return None
@@ -53,7 +66,7 @@ def knots(startups: list[dict], until: float | None) -> tuple[list[float], list[
     return ts + [until, 3 * until], xs + [until, 3 * until]
 
 
-def squeeze(startups: list[dict], until: float | None):
+def squeeze(startups: list[Startup], until: float | None) -> tuple[Scale, Scale] | None:
     """(forward, inverse) of knots()' time axis (piecewise linear); None where it has none."""
     found = knots(startups, until)
     if found is None:
@@ -65,7 +78,7 @@ def squeeze(startups: list[dict], until: float | None):
             lambda x: np.interp(np.asarray(x, dtype=float), xs, ts))
 
 
-def notes(data: dict) -> list[str]:
+def notes(data: Series) -> list[str]:
     """The words under the panels, wrapped, never cut: what the rates and the split mean, the compressed
     start-up, then each event numbered as on the panels with its reason in full."""
     paragraphs = [RATE_NOTE, SPLIT_NOTE, EPOCH_NOTE]
@@ -75,10 +88,11 @@ def notes(data: dict) -> list[str]:
                           f"{took:.1f} s in all: compressed into {STARTUP_SHARE:.0%} of the time axis, shaded; "
                           "the rest is to scale.")
     paragraphs += [r["line"] for r in data["restart_phases"]]
-    reasons = {a["end"]: a["reason"] or (a["failure"] or {}).get("message") for a in data["attempts"]}
+    reasons = {a["end"]: a["reason"] or (a["failure"]["message"] if a["failure"] else None) for a in data["attempts"]}
+    own = data["failure"]["message"] if data["failure"] else None
     for n, ev in enumerate(data["events"], 1):
         why = reasons.get(ev["t"]) if ev["kind"] == "failure" else None
-        why = why or ((data["failure"] or {}).get("message") if ev["kind"] == "failure" else None)
+        why = why or (own if ev["kind"] == "failure" else None)
         paragraphs.append(f"[{n}] at {ev['t']:.1f} s: {ev['label']}" + (f". {why}" if why else ""))
     return [line for p in paragraphs for line in _wrap(p)]
 
@@ -93,24 +107,24 @@ def _wrap(paragraph: str) -> list[str]:
     return lines
 
 
-def trained(data: dict) -> bool:
+def trained(data: Series) -> bool:
     """Whether the run trained: else start-up is all there is to see, drawn to scale."""
     return bool(data["group"]["within"] or data["group"]["epochs"])
 
 
-def _squeezed(data: dict):
+def _squeezed(data: Series) -> tuple[Scale, Scale] | None:
     """The time axis' squeeze() where the run trained."""
     return squeeze(data["startups"], data["until"]) if trained(data) else None
 
 
-def _title(data: dict) -> str:
+def _title(data: Series) -> str:
     lost = data["hosts_lost"]
     return (f"run {data['run_id']}: {data['state'] or '?'}, {len(data['attempts'])} attempt(s), "
             f"{data['restarts']} restart(s), {data['preemptions']} preemption(s)"
             + (f", lost tasks {lost}" if lost else ""))
 
 
-def _time_axis(axes: list, data: dict) -> None:
+def _time_axis(axes: list[Axes], data: Series) -> None:
     """Start-ups compressed (shaded), training to scale; ticks where each start-up ends and over training."""
     from matplotlib.ticker import MaxNLocator
 
@@ -139,7 +153,7 @@ def _time_axis(axes: list, data: dict) -> None:
     bottom.set_xlabel("seconds since the run was created (start-up compressed, shaded)")
 
 
-def figure(data: dict):
+def figure(data: Series) -> Figure:
     """The report as a matplotlib Figure (no pyplot, no display), a pure function of series.build()'s dict.
     ReportError for a run that ended in its preflight, or without matplotlib."""
     if data["refused"]:
@@ -175,7 +189,7 @@ def figure(data: dict):
     return fig
 
 
-def write(data: dict, path: Path) -> Path:
+def write(data: Series, path: Path) -> Path:
     """figure() of series.build()'s dict saved as a PNG at `path` (whatever its name ends with), owner-only
     (0600) like every file of a run, written whole (a reader never sees half)."""
     fig, png = figure(data), io.BytesIO()

@@ -6,20 +6,102 @@ and the live page both draw it; every number that is not a finite value of its t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 from launcher.diagnose import timeline
 from launcher.diagnose.values import Clock, items, measure, measures, text
 from launcher.errors import ReportError
 from launcher.run.files import read_file
-from launcher.run.progress import real, typed, whole
+from launcher.run.progress import EpochEnd, Progress, real, typed, whole
 from launcher.run.record import PROGRESS_LOG, STATE
 
 HISTORY_BYTES = 64 << 20  # of a longer progress history, the newest part is drawn
 POINTS_DRAWN = 1000  # a longer line is drawn from at most this many of its points (thin())
 
 
-def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
+class Row(TypedDict):
+    time: float
+    task: int
+    attempt: int
+    progress: Progress
+
+
+class Timed(TypedDict):
+    t: float
+    attempt: int
+
+
+class Point(Timed):
+    state: str | None
+    epoch: int | None
+    step: int | None
+    global_step: int | None
+    samples_per_s: float | None
+    loss: float | None
+    metrics: dict[str, float]
+    compute_ms: float | None
+    wait_ms: float | None
+
+
+class Epoch(Timed):
+    task: int
+    epoch: int
+    start: float | None
+    samples_per_s: float | None
+    loss: float | None
+    metrics: dict[str, float]
+
+
+class Within(Timed):
+    samples_per_s: float
+    task: int
+
+
+class TaskSeries(TypedDict):
+    index: int
+    host: str
+    points: list[Point]
+
+
+class Group(TypedDict):
+    within: list[Within]
+    epochs: list[Epoch]
+
+
+class Startup(TypedDict):
+    attempt: int
+    start: float
+    end: float
+
+
+class Series(TypedDict):
+    run_id: str
+    state: str | None
+    t0: float
+    end: float | None
+    until: float | None
+    refused: bool
+    restarts: int
+    preemptions: int
+    hosts_lost: list[int]
+    failure: timeline.FailureData | None
+    tasks: list[TaskSeries]
+    epochs: list[Epoch]
+    group: Group
+    phases: list[timeline.Phase]
+    startups: list[Startup]
+    attempts: list[timeline.AttemptData]
+    restart_phases: list[timeline.Restart]
+    events: list[timeline.Event]
+    axis: NotRequired[tuple[list[float], list[float]] | None]  # the page's (launcher.dashboard.data.series)
+
+
+P = TypeVar("P", bound=Mapping[str, object])
+
+
+def from_files(state: Path, progress: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # Any: JSON as read
     """The run record and its progress history as plain data, read as untrusted bytes (launcher.run.files):
     lines that are not UTF-8 JSON objects of the expected shape are skipped; of a history larger than
     HISTORY_BYTES, the newest part. A file that cannot be read is one paragraph (exit 2)."""
@@ -35,7 +117,7 @@ def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
         lines = read_file(Path(progress), limit=HISTORY_BYTES, newest=True).split(b"\n")
     except FileNotFoundError:
         lines = []
-    history = []
+    history: list[dict[str, Any]] = []
     for line in lines:
         try:
             item = json.loads(line)  # bytes: not UTF-8 is a ValueError too
@@ -46,7 +128,7 @@ def from_files(state: Path, progress: Path) -> tuple[dict, list[dict]]:
     return run, history
 
 
-def load(run_dir: Path, now: float | None = None) -> dict:
+def load(run_dir: Path, now: float | None = None) -> Series:
     """build() of the run in `run_dir` ($MGPU_HOME/runs/<run-id>)."""
     run_dir = Path(run_dir)
     return build(*from_files(run_dir / STATE, run_dir / PROGRESS_LOG), now=now)
@@ -54,7 +136,7 @@ def load(run_dir: Path, now: float | None = None) -> dict:
 
 # --------------------------------------------------------------------------- the series
 
-def build(run: dict, history: list[dict], now: float | None = None) -> dict:
+def build(run: dict[str, Any], history: list[dict[str, Any]], now: float | None = None) -> Series:
     """The run as one JSON-ready dict (see docs/report.md): times in seconds since `t0` (the run's start);
     `now`: where a run that has not ended is drawn up to when it has no newer progress."""
     run = run if isinstance(run, dict) else {}
@@ -69,7 +151,8 @@ def build(run: dict, history: list[dict], now: float | None = None) -> dict:
     until = ended if ended is not None else timeline.open_end(run, rows[-1]["time"] if rows else None, now)
     phases = timeline.phases(run, clock, until)
     tried = timeline.attempts(run, clock)
-    lost = run.get("hosts_lost") if isinstance(run.get("hosts_lost"), list) else []
+    lost = run.get("hosts_lost")
+    lost = lost if isinstance(lost, list) else []
     startups = _startups(phases, tried, tasks, epochs)
     share = max(POINTS_DRAWN // 10, POINTS_DRAWN // max(1, len(tasks)))  # the tasks' lines share the points
     tasks = [{**t, "points": thin(t["points"], ("loss", "samples_per_s", "compute_ms", "wait_ms"), share)}
@@ -87,7 +170,7 @@ def build(run: dict, history: list[dict], now: float | None = None) -> dict:
             "events": timeline.events(run, clock, tried)}
 
 
-def thin(points: list[dict], keys: tuple[str, ...], most: int = POINTS_DRAWN) -> list[dict]:
+def thin(points: list[P], keys: tuple[str, ...], most: int = POINTS_DRAWN) -> list[P]:
     """At most `most` of time-ordered `points`, the one reduction the PNG and the page both draw: the points cut
     in runs of equal count, of each run the last and those that hold each key's lowest and highest value, so
     a spike or a dip stays drawn and the line runs up to its newest point."""
@@ -95,30 +178,31 @@ def thin(points: list[dict], keys: tuple[str, ...], most: int = POINTS_DRAWN) ->
     if len(points) <= most or most < per:
         return points
     buckets = most // per
-    kept = []
+    kept: list[P] = []
     for b in range(buckets):
         run = range(len(points) * b // buckets, len(points) * (b + 1) // buckets)
         chosen = {run[-1]}
         for key in keys:
-            valued = [i for i in run if points[i].get(key) is not None]
+            valued = {i: v for i in run if isinstance(v := points[i].get(key), (int, float))}
             if valued:
-                chosen |= {min(valued, key=lambda i: points[i][key]), max(valued, key=lambda i: points[i][key])}
+                chosen |= {min(valued, key=lambda i: valued[i]), max(valued, key=lambda i: valued[i])}
         kept += [points[i] for i in sorted(chosen)]
     return kept
 
 
-def _rows(history: list[dict]) -> list[dict]:
+def _rows(history: list[dict[str, Any]]) -> list[Row]:
     """History lines as {time, task, attempt, progress (typed)}, in time order."""
-    rows = []
+    rows: list[Row] = []
     for item in items(history):
-        if whole(item.get("task")) is None or real(item.get("time")) is None:
+        task, at = whole(item.get("task")), real(item.get("time"))
+        if task is None or at is None:
             continue
-        rows.append({"time": real(item["time"]), "task": item["task"], "attempt": whole(item.get("attempt")) or 0,
+        rows.append({"time": at, "task": task, "attempt": whole(item.get("attempt")) or 0,
                      "progress": typed(item.get("progress"))})
     return sorted(rows, key=lambda r: r["time"])
 
 
-def _offsets(rows: list[dict]) -> dict[int, float]:
+def _offsets(rows: list[Row]) -> dict[int, float]:
     """Per task, the launcher's clock minus the task's (its host's clock, and the up to a second before the
     launcher reads a write): the low tenth of the differences, so a few damaged times do not move it."""
     gaps: dict[int, list[float]] = {}
@@ -128,10 +212,10 @@ def _offsets(rows: list[dict]) -> dict[int, float]:
     return {task: sorted(g)[len(g) // 10] for task, g in gaps.items()}
 
 
-def _tasks(run: dict, rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[dict]:
+def _tasks(run: dict[str, Any], rows: list[Row], clock: Clock, offsets: dict[int, float]) -> list[TaskSeries]:
     hosts = {t["index"]: (text(t.get("host")) or "?")[:200] for t in items(run.get("tasks"))
              if whole(t.get("index")) is not None}
-    points: dict[int, list[dict]] = {i: [] for i in hosts}
+    points: dict[int, list[Point]] = {i: [] for i in hosts}
     for r in rows:
         point = _point(r, clock, offsets.get(r["task"], 0.0))
         if point is not None:
@@ -140,7 +224,7 @@ def _tasks(run: dict, rows: list[dict], clock: Clock, offsets: dict[int, float])
             for i in sorted(points)]
 
 
-def _point(row: dict, clock: Clock, offset: float) -> dict | None:
+def _point(row: Row, clock: Clock, offset: float) -> Point | None:
     p = row["progress"]
     t = clock(p["time"] + offset) if "time" in p else clock(row["time"])
     if t is None:
@@ -152,14 +236,15 @@ def _point(row: dict, clock: Clock, offset: float) -> dict | None:
             "wait_ms": measure(p.get("wait_ms"))}
 
 
-def _epochs(rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[dict]:
+def _epochs(rows: list[Row], clock: Clock, offsets: dict[int, float]) -> list[Epoch]:
     """Each finished epoch of each task and attempt, once (the newest word on it): its training throughput, loss
     and metrics, from the summaries the worker keeps; for a task whose history has none (an older worker), where
     the epoch was seen complete, without a rate."""
-    found: dict[tuple, dict] = {}
+    found: dict[tuple[int, int, int], Epoch] = {}
     summarised = {r["task"] for r in rows if "epoch_ends" in r["progress"]}
     for r in rows:
         shift = offsets.get(r["task"], 0.0)
+        ends: list[tuple[EpochEnd, float | None]]
         if r["task"] in summarised:
             ends = [(e, clock(e["end"] + shift) if "end" in e else None) for e in r["progress"].get("epoch_ends", [])]
         else:
@@ -175,15 +260,20 @@ def _epochs(rows: list[dict], clock: Clock, offsets: dict[int, float]) -> list[d
     return sorted(found.values(), key=lambda e: (e["t"], e["task"]))
 
 
-def _seen_complete(p: dict) -> list[dict]:
+def _seen_complete(p: Progress) -> list[EpochEnd]:
     """An older worker's record at the last step of its epoch, as an epoch summary without a rate."""
     steps, epoch = p.get("steps_per_epoch"), p.get("epoch")
     if not steps or not epoch or p.get("step") != steps or p.get("state") not in ("training", "done"):
         return []
-    return [{"epoch": epoch, "loss": p.get("loss"), "metrics": p.get("metrics")}]
+    end: EpochEnd = {"epoch": epoch}
+    if "loss" in p:
+        end["loss"] = p["loss"]
+    if "metrics" in p:
+        end["metrics"] = p["metrics"]
+    return [end]
 
 
-def _group_within(tasks: list[dict]) -> list[dict]:
+def _group_within(tasks: list[TaskSeries]) -> list[Within]:
     """The group's training throughput (the epoch's so far) over time, drawn once: every task trains the same
     global batch in step, so per attempt the lowest task that measured it."""
     chosen: dict[int, int] = {}
@@ -196,20 +286,22 @@ def _group_within(tasks: list[dict]) -> list[dict]:
             if p["samples_per_s"] is not None and chosen.get(p["attempt"]) == task["index"]]
 
 
-def _group_epochs(epochs: list[dict]) -> list[dict]:
+def _group_epochs(epochs: list[Epoch]) -> list[Epoch]:
     """Each epoch of each attempt once, as the lowest task measured it: metrics are all-reduced and the rate
     is the group's, so the tasks differ by a few samples/s at most (the console shows either's line)."""
-    chosen: dict[tuple, dict] = {}
+    chosen: dict[tuple[int, int], Epoch] = {}
     for e in sorted(epochs, key=lambda e: e["task"]):
         chosen.setdefault((e["attempt"], e["epoch"]), e)
     return sorted(chosen.values(), key=lambda e: e["t"])
 
 
-def _startups(phases: list[dict], tried: list[dict], tasks: list[dict], epochs: list[dict]) -> list[dict]:
+def _startups(phases: list[timeline.Phase], tried: list[timeline.AttemptData], tasks: list[TaskSeries],
+              epochs: list[Epoch]) -> list[Startup]:
     """Each attempt's start-up: from its start (the run's, preflight included, for the first) to its first
     step (a rate measured, an epoch's rate window opened), or to its end where it never trained."""
     first = next((p["end"] for p in phases if p["name"] == "first step"), None)
-    found, after = [], 0.0
+    found: list[Startup] = []
+    after = 0.0
     for n, a in enumerate(tried):
         began = [p["t"] for t in tasks for p in t["points"] if p["attempt"] == a["index"] and p["samples_per_s"]]
         began += [e["start"] for e in epochs if e["attempt"] == a["index"] and e["start"] is not None]

@@ -5,14 +5,37 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from launcher.engines.base import Engine, parallel
+from launcher.engines.base import parallel
+from launcher.plan import TaskPlan
 from worker.host.stacks import Stacks
 from worker.host.spawn import module_argv
 
 CALL_TIMEOUT_S = 40.0  # `mgpu-cluster stacks`: someone waits for them
 HANG_TIMEOUT_S = 6.0  # at a hang, before the peers are stopped: they must not delay fail-fast much
+
+TaskAt = tuple[int, str, int | None] | tuple[int, str, int | None, float | None]
+
+
+class StacksEngine(Protocol):
+    """What taking stacks needs of an engine (an Engine that is Inspecting): its tasks' plans, a command on a
+    task's host."""
+
+    @property
+    def plan(self) -> Mapping[int, TaskPlan]: ...
+
+    def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]: ...
+
+
+class Log(Protocol):
+    """Where at_hang tells what it took (launcher.run.output.Output)."""
+
+    def logline(self, line: str) -> None: ...
+
+    def say(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +63,7 @@ class TaskStacks:
         return self.error is None and self.stacks is not None and self.stacks.ok
 
 
-def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskStacks:
+def _one(engine: StacksEngine, task: TaskAt, out: str | None, timeout: float) -> TaskStacks:
     """`task`: (index, host, pid, create time), or (index, host, pid) where its live launcher just heard from it."""
     index, host, pid = task[:3]
     if pid is None:
@@ -67,19 +90,19 @@ def _one(engine: Engine, task: tuple, out: str | None, timeout: float) -> TaskSt
     return TaskStacks(index, host, pid, stacks)
 
 
-def take(engine: Engine, tasks: list[tuple], out: str | None = None,
+def take(engine: StacksEngine, tasks: Sequence[TaskAt], out: str | None = None,
          timeout: float = CALL_TIMEOUT_S) -> list[TaskStacks]:
     """Stacks of (index, host, pid, create time) tasks, in order, each within `timeout` seconds (a task given
     as (index, host, pid) is read by its pid alone); `out`: also appended to that file in each task's folder."""
-    return [r.value if r.ok else TaskStacks(t[0], t[1], t[2], None, str(r.error))
-            for t, r in zip(tasks, parallel(lambda t: _one(engine, t, out, timeout), tasks))]
+    return [r.value if r.value is not None else TaskStacks(t[0], t[1], t[2], None, str(r.error))
+            for t, r in zip(tasks, parallel(lambda t: _one(engine, t, out, timeout), list(tasks)))]
 
 
 def file_name() -> str:
     return time.strftime("stacks-%Y%m%d-%H%M%S.txt")
 
 
-def at_hang(engine: Engine, tasks: list[tuple], hung: int, out) -> list[str]:
+def at_hang(engine: StacksEngine, tasks: Sequence[TaskAt], hung: int, out: Log) -> list[str]:
     """Before anything is stopped: every task's stacks into launcher.log (out.logline) and into a file in
     each task's folder; says where they went; returns the hung task's innermost frames (innermost last)."""
     name = file_name()
@@ -91,4 +114,4 @@ def at_hang(engine: Engine, tasks: list[tuple], hung: int, out) -> list[str]:
             f"launcher.log and in {name} in each task's folder"
             + "".join(f"; task {ts.index}: {ts.why}" for ts in found if not ts.ok))
     mine = next((ts for ts in found if ts.index == hung and ts.ok), None)
-    return mine.stacks.innermost(5) if mine else []
+    return mine.stacks.innermost(5) if mine and mine.stacks is not None else []

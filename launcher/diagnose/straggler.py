@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TypedDict
+
+from launcher.run.progress import Progress
+from launcher.run.record import TaskRecord
 
 RATIO = 1.25
+
+
+class StragglerJson(TypedDict):
+    task: int
+    ratio: float
 
 
 @dataclass(frozen=True)
@@ -14,7 +23,7 @@ class Straggler:
     task: int
     ratio: float  # its compute_ms over the median of the others'
 
-    def to_json(self) -> dict:
+    def to_json(self) -> StragglerJson:
         return {"task": self.task, "ratio": round(self.ratio, 2)}
 
     def words(self) -> str:
@@ -24,7 +33,7 @@ class Straggler:
                 "pipeline or disk, and its cpus/gpus in the spec.")
 
 
-def _ms(value) -> float | None:
+def _ms(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -40,12 +49,12 @@ def find(compute_ms: dict[int, float | None], ratio: float = RATIO) -> Straggler
     return Straggler(slowest, found) if found >= ratio else None
 
 
-def of_progress(progress: dict[int, dict | None]) -> Straggler | None:
+def of_progress(progress: dict[int, Progress | None]) -> Straggler | None:
     """find() over the tasks' progress records (progress.json: compute_ms)."""
     return find({i: (p or {}).get("compute_ms") for i, p in progress.items()})
 
 
-def summary_line(tasks) -> str | None:
+def summary_line(tasks: list[TaskRecord]) -> str | None:
     """One line for the end of `up` from the run record's tasks (their last progress), or None."""
     found = of_progress({t.index: t.progress for t in tasks})
     return found.words() if found else None

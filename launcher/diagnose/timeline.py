@@ -4,6 +4,7 @@ restarts, preemptions and lost hosts between them; as seconds since the run bega
 from __future__ import annotations
 
 import signal
+from typing import Any, TypedDict
 
 from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
@@ -21,43 +22,91 @@ WORDS = {"lost": "was lost (its host or supervisor went away or fell silent)",
          "refused": "was refused by the preflight", "stopped": "was stopped"}
 
 
-def refused(run: dict) -> bool:
+class Phase(TypedDict):
+    name: str
+    start: float
+    end: float
+
+
+class FailureData(TypedDict):
+    kind: str | None
+    task: int | None
+    host: str | None
+    exit_code: int | None
+    signal: str | None
+    message: str | None
+    log: str | None
+
+
+class AttemptData(TypedDict):
+    index: int
+    start: float
+    end: float | None
+    outcome: str | None
+    reason: str | None
+    failure: FailureData | None
+    unprinted: list[int]
+
+
+class RestartPart(TypedDict):
+    name: str
+    start: float
+    end: float
+    estimated: bool
+
+
+class Restart(TypedDict):
+    attempt: int
+    phases: dict[str, float | list[str] | list[int]]
+    line: str
+    parts: list[RestartPart]
+
+
+class Event(TypedDict):
+    t: float
+    kind: str
+    label: str
+
+
+def refused(run: dict[str, Any]) -> bool:  # Any (here and below): state.json as parsed, checked field by field
     """It ended in its preflight: no task was ever started (launcher.commands.listing.ended_in_preflight)."""
     ended = run.get("state") in ENDED or real(run.get("ended_at")) is not None
     phases = run.get("phases")
     return ended and not (isinstance(phases, dict) and RunPhase.PREFLIGHT_S in phases)
 
 
-def open_end(run: dict, newest: float | None, now: float | None) -> float | None:
+def open_end(run: dict[str, Any], newest: float | None, now: float | None) -> float | None:
     """Where a run that has not ended (still going, or hung) is drawn up to: its newest progress time, else
     `now`, never before the newest time its record holds, never after `now`. None for a run that has ended."""
     if real(run.get("ended_at")) is not None:
         return None
-    ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
-    known = [run.get("created_at"), *(ph.get(k) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP)),
+    ph = _phases(run)
+    times = [run.get("created_at"), *(ph.get(k) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP)),
              *(a.get("started_at") for a in items(run.get("attempts"))),
              *(t.get("heartbeat") for t in items(run.get("tasks"))), newest if newest is not None else now]
-    known = [x for x in map(real, known) if x is not None and (now is None or x <= now)]
+    known = [x for x in map(real, times) if x is not None and (now is None or x <= now)]
     return max(known) if known else None
 
 
-def phases(run: dict, clock: Clock, until: float | None = None) -> list[dict]:
+def phases(run: dict[str, Any], clock: Clock, until: float | None = None) -> list[Phase]:
     """Preflight, start, first step, training and teardown, as far as recorded; `until`: where training ends
     in a run that has not ended (open_end(), absolute)."""
-    ph = run.get("phases") if isinstance(run.get("phases"), dict) else {}
+    ph = _phases(run)
     t0, at = real(run.get("created_at")), {k: real(ph.get(k)) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP,
                                                                          RunPhase.END, RunPhase.PREFLIGHT_S)}
     attempts = items(run.get("attempts"))
-    end = at["end"] or (real(attempts[-1].get("ended_at")) if attempts else None) or until
-    preflight_end = at[RunPhase.SPAWN_STARTED] or (t0 + at[RunPhase.PREFLIGHT_S] if t0 and at[RunPhase.PREFLIGHT_S] is not None else None)
+    end = at[RunPhase.END] or (real(attempts[-1].get("ended_at")) if attempts else None) or until
+    preflight_s = at[RunPhase.PREFLIGHT_S]
+    preflight_end = at[RunPhase.SPAWN_STARTED] or (t0 + preflight_s if t0 and preflight_s is not None else None)
     marks = [("preflight", t0, preflight_end), ("start", at[RunPhase.SPAWN_STARTED], at[RunPhase.ALL_STARTED]),
              ("first step", at[RunPhase.ALL_STARTED], at[RunPhase.FIRST_STEP]), ("training", at[RunPhase.FIRST_STEP], end),
              ("teardown", end, real(run.get("ended_at")))]
-    found = [{"name": name, "start": clock(a), "end": clock(b)} for name, a, b in marks]
-    return [p for p in found if p["start"] is not None and p["end"] is not None and p["end"] >= p["start"]]
+    found = [(name, clock(a), clock(b)) for name, a, b in marks]
+    return [{"name": name, "start": start, "end": end} for name, start, end in found
+            if start is not None and end is not None and end >= start]
 
 
-def failure(data) -> dict | None:
+def failure(data: Any) -> FailureData | None:
     """A failure as recorded (launcher.run.failure.Failure.to_json), its fields checked; a record written
     before failures were data holds only words."""
     if isinstance(data, str):
@@ -71,7 +120,7 @@ def failure(data) -> dict | None:
             "message": text(data.get("message")), "log": text(data.get("log"))}
 
 
-def describe(f: dict) -> str:
+def describe(f: FailureData) -> str:
     """`task 1 on node2 was killed by SIGKILL (exit code -9)`: who, and how it ended, in one line."""
     who = f"task {f['task']}" if f["task"] is not None else "the run"
     who += f" on {f['host']}" if f["host"] else ""
@@ -80,7 +129,7 @@ def describe(f: dict) -> str:
         return f"{who} was killed by {f['signal']}" + (f" (exit code {code})" if code is not None else "")
     if code is not None:
         return f"{who} exited with code {code}" + _shell_signal(code)
-    return f"{who} {WORDS.get(f['kind'], 'failed')}"
+    return f"{who} {WORDS.get(f['kind'] or '', 'failed')}"
 
 
 def _shell_signal(code: int) -> str:
@@ -91,10 +140,10 @@ def _shell_signal(code: int) -> str:
         return ""
 
 
-def attempts(run: dict, clock: Clock) -> list[dict]:
+def attempts(run: dict[str, Any], clock: Clock) -> list[AttemptData]:
     """Each attempt on the time axis, with its outcome, reason, failure, and the epochs saved before it whose
     lines never came (`unprinted`, launcher.run.phases)."""
-    found = []
+    found: list[AttemptData] = []
     for a in items(run.get("attempts")):
         start, end = clock(a.get("started_at")), clock(a.get("ended_at"))
         if start is None:
@@ -108,23 +157,26 @@ def attempts(run: dict, clock: Clock) -> list[dict]:
     return found
 
 
-def _phases(attempt: dict) -> dict:
-    return attempt.get("phases") if isinstance(attempt.get("phases"), dict) else {}
+def _phases(record: dict[str, Any]) -> dict[str, Any]:
+    """The phases of a run or of an attempt."""
+    found = record.get("phases")
+    return found if isinstance(found, dict) else {}
 
 
-def _numbers(value) -> list[int]:
+def _numbers(value: Any) -> list[int]:
     return [n for n in value if whole(n) is not None][:100] if isinstance(value, list) else []
 
 
-def restarts(run: dict, clock: Clock) -> list[dict]:
+def restarts(run: dict[str, Any], clock: Clock) -> list[Restart]:
     """Each restarted attempt's phases (launcher.run.phases), as recorded: its parts placed on the time axis
     (detected from the failing task's end, teardown up to the attempt before's end, the backup copy, spawn and
     first step from its own start, the steps redone from its first step until it was back at the step reached: `estimated`
     where back_s is), and its line of words (the epochs saved but never told are the restart's event)."""
-    found, before = [], None
+    found: list[Restart] = []
+    before: dict[str, Any] | None = None
     for a in items(run.get("attempts")):
         raw = _phases(a)
-        ph = {k: real(v) for k, v in raw.items() if isinstance(k, str) and real(v) is not None and real(v) >= 0}
+        ph = {k: x for k, v in raw.items() if isinstance(k, str) and (x := real(v)) is not None and x >= 0}
         guessed = [n for n in raw.get(ESTIMATED) or [] if isinstance(n, str) and n in ph] \
             if isinstance(raw.get(ESTIMATED), list) else []
         number, start = whole(a.get("number")), real(a.get("started_at"))
@@ -142,23 +194,26 @@ def restarts(run: dict, clock: Clock) -> list[dict]:
         if AttemptPhase.BACK_S in ph and AttemptPhase.FAILED_AT in ph and AttemptPhase.FIRST_STEP_S in ph:  # its first step until back where it was
             stepped = spawned + ph[AttemptPhase.FIRST_STEP_S]
             marks.append(("steps redone", stepped, ph[AttemptPhase.FAILED_AT] + ph[AttemptPhase.BACK_S] - stepped))
-        parts = [{"name": name, "start": clock(at), "end": clock(at + took),
-                  "estimated": name == "steps redone" and AttemptPhase.BACK_S in guessed}
-                 for name, at, took in marks if at is not None and took is not None]
+        placed = [(name, clock(at), clock(at + took))
+                  for name, at, took in marks if at is not None and took is not None]
+        parts: list[RestartPart] = [{"name": name, "start": start, "end": end,
+                                     "estimated": name == "steps redone" and AttemptPhase.BACK_S in guessed}
+                                    for name, start, end in placed if start is not None and end is not None]
         unprinted = _numbers(raw.get(UNPRINTED))
-        told = {**{k: v for k, v in ph.items() if k != AttemptPhase.FAILED_AT}, **({UNPRINTED: unprinted} if unprinted else {}),
-                ESTIMATED: guessed}
+        told: dict[str, float | list[str] | list[int]] = {
+            **{k: v for k, v in ph.items() if k != AttemptPhase.FAILED_AT},
+            **({UNPRINTED: unprinted} if unprinted else {}), ESTIMATED: guessed}
         found.append({"attempt": number, "phases": told, "line": restart_line(number, told, epochs=False),
-                      "parts": [p for p in parts if p["start"] is not None and p["end"] is not None]})
+                      "parts": parts})
     return found
 
 
-def events(run: dict, clock: Clock, tried: list[dict]) -> list[dict]:
+def events(run: dict[str, Any], clock: Clock, tried: list[AttemptData]) -> list[Event]:
     """Restarts, preemptions and lost hosts where the next attempt began; each failure where its attempt
     ended (the run's own failure where the run ended, when no attempt holds it)."""
-    found = []
+    found: list[Event] = []
     for prev, nxt in zip(tried, tried[1:]):
-        kind, words = SWITCHES.get(prev["outcome"], ("restart", "restart"))
+        kind, words = SWITCHES.get(prev["outcome"] or "", ("restart", "restart"))
         unprinted = unprinted_words(nxt["index"], {UNPRINTED: nxt["unprinted"]})
         found.append({"t": nxt["start"], "kind": kind,
                       "label": f"{words}: attempt {nxt['index']}" + (f"; {unprinted}" if unprinted else "")})
@@ -166,6 +221,7 @@ def events(run: dict, clock: Clock, tried: list[dict]) -> list[dict]:
         if a["end"] is not None and a["failure"]:
             found.append({"t": a["end"], "kind": "failure", "label": describe(a["failure"])})
     own, end = failure(run.get("failure")), clock(run.get("ended_at"))
-    if own and end is not None and own["message"] not in {(a["failure"] or {}).get("message") for a in tried}:
+    told = {a["failure"]["message"] if a["failure"] else None for a in tried}
+    if own and end is not None and own["message"] not in told:
         found.append({"t": end, "kind": "failure", "label": describe(own)})
     return sorted(found, key=lambda e: e["t"])

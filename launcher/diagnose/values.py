@@ -18,8 +18,8 @@ def integer(value: Any) -> int | None:
 
 
 def measure(value: Any) -> float | None:
-    value = real(value)
-    return value if value is not None and abs(value) <= MAX_VALUE else None
+    found = real(value)
+    return found if found is not None and abs(found) <= MAX_VALUE else None
 
 
 def text(value: Any) -> str | None:
@@ -31,7 +31,7 @@ def measures(metrics: Any) -> dict[str, float]:
     return {str(k): v for k, v in ((k, measure(v)) for k, v in found) if v is not None}
 
 
-def items(value: Any) -> list:
+def items(value: object) -> list[dict[str, Any]]:  # Any: JSON objects, read field by field by the caller
     """A list's dicts; nothing for anything else."""
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
@@ -44,7 +44,7 @@ class Clock:
         self.t0, self.horizon = t0, horizon
 
     def __call__(self, when: Any) -> float | None:
-        when = real(when)
-        if when is None or when < self.t0 or (self.horizon is not None and when > self.horizon + SLACK_S):
+        at = real(when)
+        if at is None or at < self.t0 or (self.horizon is not None and at > self.horizon + SLACK_S):
             return None
-        return round(when - self.t0, 3)
+        return round(at - self.t0, 3)

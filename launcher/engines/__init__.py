@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from launcher.engines.base import Engine, Landed
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import ClusterSpec, KubernetesSpec, SlurmSpec
 
 
 def engine_for(spec: ClusterSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None) -> Engine:
-    """The engine of this spec, its tasks planned for `run_id` (`only`: the tasks that take part);
+    """The engine of this spec's kind, its tasks planned for `run_id` (`only`: the tasks that take part);
     `landed`: the run's record, where the engine reads what the run learned (None: `check`, a dry run)."""
-    if spec.slurm is not None:
+    if isinstance(spec, SlurmSpec):
         from launcher.engines.slurm import SlurmEngine
 
         return SlurmEngine(spec, run_id, only, landed)
-    if spec.kubernetes is not None:
+    if isinstance(spec, KubernetesSpec):
         from launcher.engines.kubernetes import KubernetesEngine
 
         return KubernetesEngine(spec, run_id, only, landed)

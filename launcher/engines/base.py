@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Generic, Iterable, Protocol, TypeVar
+from typing import Any, BinaryIO, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from launcher.plan import TaskPlan
 from launcher.spec.cluster import ClusterSpec
@@ -20,7 +20,11 @@ from worker.host import protocol
 from worker.host.startpoint import Found
 
 T = TypeVar("T")
+I = TypeVar("I")
 MAX_THREADS = 32
+# Any: what a task's host says of it, JSON (worker.task.probe: pid, alive, exit_code, progress, ...), read key by key
+ProbeRow = dict[str, Any]
+JobRecord = dict[str, str | list[str] | None]  # a scheduler's job as the run record keeps it (id, mode, ids, name)
 
 
 class EngineKind(str, enum.Enum):
@@ -44,10 +48,10 @@ class Result(Generic[T]):
         return self.error is None
 
 
-def parallel(fn: Callable[[Any], T], items: list, width: int = MAX_THREADS) -> list[Result[T]]:
+def parallel(fn: Callable[[I], T], items: list[I], width: int = MAX_THREADS) -> list[Result[T]]:
     """fn over items in threads (at most `width` at once); every item's Result, in order:
     one host's failure never hides another's."""
-    def one(item) -> Result[T]:
+    def one(item: I) -> Result[T]:
         try:
             return Result(value=fn(item))
         except Exception as exc:
@@ -60,6 +64,12 @@ def parallel(fn: Callable[[Any], T], items: list, width: int = MAX_THREADS) -> l
         return list(pool.map(one, items))
     finally:  # on Ctrl-C, return at once: the caller's close() ends what the threads wait on
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Claim(Protocol):
+    """A lock held for the run (a host:port claim), released when it ends."""
+
+    def release(self) -> None: ...
 
 
 class Sink(Protocol):
@@ -137,7 +147,7 @@ class TaskCheck:
 
     plan: TaskPlan
     problems: list[str] = field(default_factory=list)
-    versions: dict = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)  # None: not installed
     title: str = ""  # the row's name when it is not one task's
     env: dict[str, str] = field(default_factory=dict)
     checkpoint: Found | None = None  # what its checkpoint folder holds, where the run may start from it
@@ -156,7 +166,7 @@ class Landed(Protocol):
     (host, port: a scheduler's node), what the preflight found for its environment, and the scheduler's
     job. Engines read these facts from the record (launcher.run.record.RunRecord); they keep no copy."""
 
-    job: dict | None
+    job: JobRecord | None
 
     def host_of(self, index: int) -> tuple[str, int]: ...
 
@@ -174,6 +184,11 @@ class Engine(ABC):
         self.spec, self.run_id, self.landed = spec, run_id, landed
         self.plans = self.plan_tasks(only)
         self.plan = {p.index: p for p in self.plans}  # by task index (not always 0..n-1: elastic runs)
+
+    def recorded_in(self, landed: Landed) -> None:
+        """The run's record, once `up` has made it (the engine planned the tasks it lists): where the engine reads
+        what the run learns from then on."""
+        self.landed = landed
 
     @abstractmethod
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
@@ -224,11 +239,10 @@ class StandbyState:
     attempt: int
 
 
-class Launching(ABC):
+class Launching(Engine):
     """An engine that starts its runs: checks the hosts, starts an attempt, stops it, says why it ended."""
 
-    plans: list[TaskPlan]
-    on_job: Callable[[dict], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
+    on_job: Callable[[JobRecord], None] = staticmethod(lambda _job: None)  # told when a scheduler's job is known
     # told what each task's standby is now (None: it has none)
     on_standby: Callable[[int, StandbyState | None], None] = staticmethod(lambda _index, _standby: None)
     # told a line about a task from outside its attempt (its standby, given up on), to show as the task's
@@ -239,7 +253,7 @@ class Launching(ABC):
         """Check hosts and ports, start nothing. `for_start`: `up` starts the tasks next (an engine
         may keep what it opened for the checks)."""
 
-    def claim_ports(self) -> list:
+    def claim_ports(self) -> Sequence[Claim]:
         """Locks on the host:port pairs this run will use (two runs of this machine never share one)."""
         return []
 
@@ -270,12 +284,12 @@ class Launching(ABC):
         return None
 
 
-class Inspecting(ABC):
+class Inspecting(Engine):
     """An engine whose recorded runs are read and stopped with no launcher: from the tasks' folders
     on their hosts, where the run record says they landed."""
 
     @abstractmethod
-    def probe(self, indices: list[int]) -> list[Result[dict]]:
+    def probe(self, indices: list[int]) -> list[Result[ProbeRow]]:
         """What each task's host says now: pid, alive, exit_code, progress, cpu_percent, rss."""
 
     @abstractmethod
@@ -292,5 +306,5 @@ class Inspecting(ABC):
         return open(path, "rb")
 
     @abstractmethod
-    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+    def stop_from_folders(self, indices: list[int]) -> list[Result[ProbeRow]]:
         """Stop tasks with no live handle (`down`, a teardown past its deadline); per task."""

@@ -8,9 +8,12 @@ interface; a remote task gets NCCL_SOCKET_IFNAME naming the interface that carri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
+
+from launcher.engines.base import TaskCheck
 
 NCCL_IFNAME = "NCCL_SOCKET_IFNAME"
+Entry = Mapping[str, Any]  # Any: a task's entry of a doctor's report (its host's JSON), read key by key in from_report
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,14 @@ def loopback_warnings(tasks: list[TaskDevices]) -> list[str]:
 
 
 def nccl_env(tasks: Iterable[TaskDevices], remote: Callable[[int], bool],
-             env: Callable[[int], dict]) -> dict[int, str]:
+             env: Callable[[int], dict[str, str]]) -> dict[int, str]:
     """{task index: interface} to set as NCCL_SOCKET_IFNAME: remote tasks whose interface was found
     and whose env does not set it already."""
     return {t.index: t.interface for t in tasks
             if t.interface and remote(t.index) and NCCL_IFNAME not in env(t.index)}
 
 
-def from_report(index: int, label: str, address: str, entry: dict) -> TaskDevices:
+def from_report(index: int, label: str, address: str, entry: Entry) -> TaskDevices:
     """A task's entry of a worker.preflight.doctor report as TaskDevices."""
     net = entry.get("network") or {}
     return TaskDevices(index=index, label=label, devices=entry.get("devices"), unknown=entry.get("devices_unknown"),
@@ -75,7 +78,7 @@ def from_report(index: int, label: str, address: str, entry: dict) -> TaskDevice
                        ips=tuple(net.get("ips") or ()))
 
 
-def apply(checks: list, entries: dict[int, dict], say: Callable[[str], None]) -> None:
+def apply(checks: list[TaskCheck], entries: Mapping[int, Entry], say: Callable[[str], None]) -> None:
     """The verdicts onto the preflight's checks (problems), its output (warnings) and the remote
     tasks' env (NCCL_SOCKET_IFNAME). `entries`: each reporting task's doctor entry, by index."""
     by_index = {c.plan.index: c for c in checks}

@@ -9,7 +9,7 @@ import json
 import secrets
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable, TypedDict
 
 from launcher.engines.base import parallel
 from launcher.engines.supervised.transport import LocalTransport, Transport
@@ -21,6 +21,8 @@ SLOW_FACTOR = 4.0  # a link this many times below the reference is slow
 STREAM_S = 0.25  # each direction streams this long at most...
 LIMIT_MB = 128  # ...or this many MB
 WAIT_S = 10.0  # for the peer's listener, or its connection
+Step = list[str | int]  # one round of a host's part, as worker.preflight.links reads it: ["serve", a] or ["probe", ...]
+Measured = dict[str, Any]  # Any: what a host's worker.preflight.links found in one round (its JSON), read by _number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,25 @@ class Machine:
     port: int
     plan: TaskPlan = dataclasses.field(repr=False, compare=False)
     transport: Transport = dataclasses.field(repr=False, compare=False)
+
+
+class LinkJson(TypedDict):
+    a: str
+    b: str
+    a_to_b_mbps: float | None
+    b_to_a_mbps: float | None
+    mbps: float | None
+    rtt_ms: float | None
+    error: str | None
+
+
+class LinkReportJson(TypedDict):
+    hosts: list[str]
+    links: list[LinkJson]
+    reference_mbps: float | None
+    factor: float
+    slow: list[str]
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +74,7 @@ class Link:
     def pair(self) -> str:
         return f"{self.a} <-> {self.b}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> LinkJson:
         return {"a": self.a, "b": self.b, "a_to_b_mbps": _round(self.a_to_b_mbps),
                 "b_to_a_mbps": _round(self.b_to_a_mbps), "mbps": _round(self.mbps),
                 "rtt_ms": _round(self.rtt_ms, 3), "error": self.error}
@@ -72,7 +93,7 @@ class LinkReport:
     verdict: Verdict
     seconds: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> LinkReportJson:
         return {"hosts": list(self.hosts), "links": [link.to_json() for link in self.links],
                 "reference_mbps": _round(self.verdict.reference_mbps), "factor": SLOW_FACTOR,
                 "slow": [link.pair for link in self.verdict.slow], "seconds": round(self.seconds, 3)}
@@ -87,16 +108,16 @@ def _round(x: float | None, digits: int = 1) -> float | None:
 def verdict(links: list[Link], factor: float = SLOW_FACTOR) -> Verdict:
     """Slow links: `factor` times below the reference, the median over hosts of each host's median link. (Not
     the median of all links: with one slow host, most of a small cluster's links are its links.)"""
-    measured = [link for link in links if link.mbps is not None]
+    measured = [(link, mbps) for link in links if (mbps := link.mbps) is not None]
     if len(measured) < 2:
         return Verdict(None, ())  # one link has nothing to be compared with
     of_host: dict[str, list[float]] = {}
-    for link in measured:
+    for link, mbps in measured:
         for host in (link.a, link.b):
-            of_host.setdefault(host, []).append(link.mbps)
+            of_host.setdefault(host, []).append(mbps)
     reference = statistics.median(statistics.median(v) for v in of_host.values())
-    slow = sorted((link for link in measured if link.mbps * factor < reference), key=lambda link: link.mbps)
-    return Verdict(reference, tuple(slow))
+    slow = sorted(((link, mbps) for link, mbps in measured if mbps * factor < reference), key=lambda lm: lm[1])
+    return Verdict(reference, tuple(link for link, _mbps in slow))
 
 
 def slow_hosts(report: LinkReport) -> list[str]:
@@ -110,7 +131,7 @@ def slow_hosts(report: LinkReport) -> list[str]:
 def rounds(n: int) -> list[list[tuple[int, int]]]:
     """Every pair of n once, in rounds where no machine is in two pairs (the circle method)."""
     ids: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
-    out = []
+    out: list[list[tuple[int, int]]] = []
     for _ in range(len(ids) - 1):
         half = len(ids) // 2
         out.append([(min(a, b), max(a, b)) for a, b in zip(ids[:half], reversed(ids[half:]))
@@ -130,7 +151,7 @@ def machines(plans: list[TaskPlan], transports: list[Transport]) -> list[Machine
     return list(seen.values())
 
 
-def _call(m: Machine, argv: list[str], timeout: float) -> list:
+def _call(m: Machine, argv: list[str], timeout: float) -> list[Measured]:
     """A host's part of the schedule: what it found per round, or raises with what went wrong."""
     plan = dataclasses.replace(m.plan, cwd=None)  # not the workdir: nothing of the user's is imported
     code, out, err = m.transport.call(plan, module_argv(plan.python, "worker.preflight.links") + argv, timeout)
@@ -144,14 +165,14 @@ def _call(m: Machine, argv: list[str], timeout: float) -> list:
     return found
 
 
-def _number(doc: dict, key: str) -> float | None:
+def _number(doc: Measured, key: str) -> float | None:
     value = doc.get(key)
     return float(value) if isinstance(value, (int, float)) and value == value and value >= 0 else None
 
 
-def steps(found: list[Machine], schedule: list[list[tuple[int, int]]]) -> list[list]:
+def steps(found: list[Machine], schedule: list[list[tuple[int, int]]]) -> list[list[Step]]:
     """Each host's rounds in order: in pair (a, b), b listens on its port and a connects to it."""
-    out: list[list] = [[] for _ in found]
+    out: list[list[Step]] = [[] for _ in found]
     for pairs in schedule:
         for a, b in pairs:
             out[b].append(["serve", a])
@@ -174,11 +195,12 @@ def measure(plans: list[TaskPlan], transports: list[Transport]) -> LinkReport | 
     done = parallel(lambda i: _call(found[i], ["--me", str(i), "--port", str(found[i].port), "--steps",
                                                json.dumps(mine[i], separators=(",", ":")), *common], timeout),
                     list(range(len(found))), len(found))
-    said = {i: r.value if r.ok else printable(str(r.error)) for i, r in enumerate(done)}
-    links = []
+    said = {i: r.value if r.value is not None else printable(str(r.error)) for i, r in enumerate(done)}
+    links: list[Link] = []
     for a, b in sorted(p for pairs in schedule for p in pairs):
-        client = _of(said[a], b, "probe") if isinstance(said[a], list) else {"error": f"{found[a].label}: {said[a]}"}
-        server = _of(said[b], a, "serve") if isinstance(said[b], list) else {"error": f"{found[b].label}: {said[b]}"}
+        of_a, of_b = said[a], said[b]
+        client = _of(of_a, b, "probe") if isinstance(of_a, list) else {"error": f"{found[a].label}: {of_a}"}
+        server = _of(of_b, a, "serve") if isinstance(of_b, list) else {"error": f"{found[b].label}: {of_b}"}
         error = client.get("error") or server.get("error")
         links.append(Link(found[a].label, found[b].label, error=printable(str(error), 300)) if error else
                      Link(found[a].label, found[b].label, _number(client, "out_mbps"), _number(client, "back_mbps"),
@@ -186,7 +208,7 @@ def measure(plans: list[TaskPlan], transports: list[Transport]) -> LinkReport | 
     return LinkReport(tuple(m.label for m in found), tuple(links), verdict(links), time.monotonic() - t0)
 
 
-def _of(results: list[dict], peer: int, role: str) -> dict:
+def _of(results: list[Measured], peer: int, role: str) -> Measured:
     return next((r for r in results if r.get("peer") == peer and r.get("role") == role), {"error": "not measured"})
 
 
@@ -203,7 +225,9 @@ def warning(report: LinkReport) -> str | None:
     if not report.verdict.slow:
         return None
     worst, more, hosts = report.verdict.slow[0], len(report.verdict.slow) - 1, slow_hosts(report)
-    return (f"slow link {worst.pair}: {rate(worst.mbps)}, {report.verdict.reference_mbps / worst.mbps:.0f}x below "
+    reference, mbps = report.verdict.reference_mbps, worst.mbps
+    assert reference is not None and mbps is not None  # a slow link: measured, and below the reference
+    return (f"slow link {worst.pair}: {rate(worst.mbps)}, {reference / mbps:.0f}x below "
             f"a typical link ({rate(report.verdict.reference_mbps)})"
             + (f"; {more} more slow link(s), `mgpu-cluster check` lists them" if more else "")
             + (f"; every link of {', '.join(hosts)} is slow" if hosts else "")

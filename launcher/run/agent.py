@@ -15,17 +15,17 @@ import queue
 import time
 
 from launcher.diagnose.stacks import at_hang
-from launcher.engines import Engine, engine_for
-from launcher.engines.base import SchedulerCause, StandbyState
+from launcher.engines import engine_for
+from launcher.engines.base import Inspecting, JobRecord, Launching, SchedulerCause, StandbyState
 from launcher.errors import Interrupted, RunFailed
 from launcher.run import interrupts, phases, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
 from launcher.run.failure import Failure, FailureKind, stop_words, told_once, with_stacks
 from launcher.run.output import Output
-from launcher.run.progress import without_told
+from launcher.run.progress import EpochEnd, Progress, without_told
 from launcher.run.record import PROGRESS_LOG, Attempt, Owner, run_path
 from launcher.run.states import AttemptOutcome as Outcome
-from launcher.run.states import RunPhase, RunState, TaskState
+from launcher.run.states import Figures, RunPhase, RunState, TaskState
 from launcher.spec.cluster import ClusterSpec
 from worker.host import protocol
 
@@ -37,21 +37,27 @@ class Agent:
     """Runs a spec's attempts on an engine that takes the Launching role (start, stop, verdict,
     reachable, on_job); a teardown past its deadline stops from folders through its Inspecting role."""
 
-    def __init__(self, spec: ClusterSpec, engine: Engine, owner: Owner, out: Output):
+    def __init__(self, spec: ClusterSpec, engine: Launching, owner: Owner, out: Output):
         self.spec, self.engine, self.owner, self.out = spec, engine, owner, out
         self.run = owner.record
         self.current: LiveAttempt | None = None  # the attempt that a Ctrl-C or an exit tears down
-        self.epochs_told: dict[int, list] = {}  # per task: the epoch summaries its last history line held
+        self.epochs_told: dict[int, list[EpochEnd]] = {}  # per task: the epoch summaries its last history line held
         self.marks: phases.Phases | None = None  # the current attempt's phases (phases.py)
-        self.carried: dict[str, float] = {}  # what the attempt before gives the next one's phases
+        self.carried: Figures = {}  # what the attempt before gives the next one's phases
         owner.warn = out.say
         self.listen(engine)
 
-    def listen(self, engine: Engine) -> None:
+    @property
+    def attempt_phases(self) -> phases.Phases:
+        """The current attempt's phases: there from the start of the first attempt on."""
+        assert self.marks is not None, "no attempt has begun"
+        return self.marks
+
+    def listen(self, engine: Launching) -> None:
         """What `engine` tells outside an attempt's records comes here."""
         engine.on_job, engine.on_standby, engine.on_note = self.job_known, self.standby_known, self.note_known
 
-    def job_known(self, job: dict) -> None:
+    def job_known(self, job: JobRecord) -> None:
         """A scheduler's job for the run (its id while it waits in the queue): recorded at once."""
         self.run.job_known(job)
         self.owner.save()
@@ -147,7 +153,9 @@ class Agent:
             self.out.say(f"{watch.label(self.run, i)} is left out: {answers[i].error}")
         ended.shrunk()
         self.engine.close()
-        self.engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
+        engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
+        assert isinstance(engine, Launching)  # of the kind that started the run
+        self.engine = engine
         self.listen(self.engine)
         return True
 
@@ -193,8 +201,8 @@ class Agent:
             self.run.set_state(RunState.FAILED, failure)
             self.end_attempt(Outcome.FAILED, failure.message, failure)
             raise RunFailed(told_once(failure, self.out))
-        self.marks.copied(copy)
-        if copy.source is None and self.marks.reached > 0:
+        self.attempt_phases.copied(copy)
+        if copy.source is None and self.attempt_phases.reached > 0:
             self.out.say("no live host holds a backup of this run: the group starts again from its first step (each "
                          "host keeps its own checkpoint folder, and a backup on a lost host is lost with it)")
         elif copy.copied and copy.source is not None:
@@ -223,10 +231,10 @@ class Agent:
                 continue
             failure = watch.overdue(self.run, live, launch)
             if failure is not None:
-                self.marks.failed(self.run, failure.task, None)
+                self.attempt_phases.failed(self.run, failure.task, None)
                 return self.hang_stacks(live, failure)
             if self.run.state == RunState.STARTING and live.all_started:
-                self.marks.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
+                self.attempt_phases.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
                 self.run.set_state(RunState.RUNNING)
                 self.run.mark(RunPhase.ALL_STARTED)
                 self.owner.save()
@@ -241,12 +249,12 @@ class Agent:
         preempted = live.preempted_at is not None
         failure = watch.apply(self.run, live, index, ev)
         if failure is not None and failure.kind == FailureKind.HUNG:  # when the task it names last progressed
-            self.marks.failed(self.run, failure.task, None)
+            self.attempt_phases.failed(self.run, failure.task, None)
         elif failure is not None or live.preempted_at is not None:
-            self.marks.failed(self.run, index, ev)
+            self.attempt_phases.failed(self.run, index, ev)
         if isinstance(ev, protocol.Progress):
             self.remember(index, self.run.task(index).progress)
-            mark = self.marks.progress(self.run.task(index).progress or {}, time.time())
+            mark = self.attempt_phases.progress(self.run.task(index).progress or {}, time.time())
             if mark is not None and live.number > 0:
                 ph = self.run.attempts[-1].phases
                 self.out.say(phases.restart_line(live.number, ph) if mark is phases.Mark.FIRST_STEP else
@@ -259,15 +267,17 @@ class Agent:
 
     def hang_stacks(self, live: LiveAttempt, failure: Failure) -> Failure:
         """A hang: every live task's stacks taken before anything is stopped; the hung one's in its failure."""
-        if failure.kind != FailureKind.HUNG:
+        engine = self.engine
+        if failure.kind != FailureKind.HUNG or not isinstance(engine, Inspecting):  # (stacks: Inspecting.call)
             return failure
+        assert failure.task is not None  # a hang names the task that hung
         tasks = [(i, self.run.host_of(i)[0], self.run.task(i).pid, self.run.task(i).create_time) for i in live.live]
-        return with_stacks(failure, at_hang(self.engine, tasks, failure.task, self.out))
+        return with_stacks(failure, at_hang(engine, tasks, failure.task, self.out))
 
     def conclude(self, live: LiveAttempt, failure: Failure | None) -> Attempt:
         """An attempt that did not succeed: the scheduler's verdict first (a requeue is a preemption;
         a time limit or an outside cancel ends the run), else a preemption or the failure itself."""
-        self.marks.decided_at = time.time()
+        self.attempt_phases.decided_at = time.time()
         verdict = self.engine.verdict(live.number)
         if verdict is not None and verdict.cause == SchedulerCause.REQUEUED:
             # Slurm ends them; the job runs again by itself
@@ -296,7 +306,9 @@ class Agent:
         """The current attempt's record, ended (once: a later call leaves it as it was)."""
         current = self.run.attempts[-1]
         if current.end(outcome, reason, failure):
-            self.carried = self.marks.ended(current.ended_at)  # what the next attempt's phases take from its end
+            assert current.ended_at is not None  # end() set it
+            # what the next attempt's phases take from its end
+            self.carried = self.attempt_phases.ended(current.ended_at)
             self.owner.save()
         return current
 
@@ -309,7 +321,7 @@ class Agent:
         self.owner.save()
         return unreached
 
-    def remember(self, index: int, progress: dict | None) -> None:
+    def remember(self, index: int, progress: Progress | None) -> None:
         """Each progress record, appended to the run's progress.jsonl (for `report`), each finished epoch's
         summary once; a full disk skips it."""
         told, self.epochs_told[index] = self.epochs_told.get(index, []), (progress or {}).get("epoch_ends") or []

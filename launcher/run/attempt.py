@@ -27,8 +27,8 @@ class LiveAttempt:
     heard: dict[int, float] = field(default_factory=dict)  # any record: the sign of life
     progressed: dict[int, float] = field(default_factory=dict)  # progress past its first step: the heartbeat
     preempted_at: float | None = None  # the first notice of the attempt
-    events: queue.Queue = field(default_factory=queue.Queue)  # (index, event) from this attempt's sink only
-    tails: dict[int, collections.deque] = field(default_factory=dict)
+    events: queue.Queue[tuple[int, protocol.Event]] = field(default_factory=queue.Queue)  # from this attempt's sink
+    tails: dict[int, collections.deque[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tails = {i: collections.deque(maxlen=TAIL_LINES) for i in self.tasks}

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 from launcher.run import fields
 from launcher.run.screen import is_noise
@@ -59,7 +60,7 @@ class Cause:
         return f"{said} (at {self.where})" if self.where else said
 
     @classmethod
-    def from_json(cls, data) -> "Cause | None":
+    def from_json(cls, data: object) -> "Cause | None":
         if data is None:
             return None
         try:
@@ -68,14 +69,14 @@ class Cause:
             return None
 
 
-def bounded(lines) -> list[str]:
+def bounded(lines: Iterable[object] | None) -> list[str]:
     """The newest MAX_LINES lines, each cut to MAX_CHARS, without terminal colours."""
     return [ANSI.sub("", str(line)[:MAX_CHARS]).rstrip("\r\n") for line in list(lines or [])[-MAX_LINES:]]
 
 
-def of_log(lines) -> Cause | None:
+def of_log(tail: Iterable[object] | None) -> Cause | None:
     """The exception of the last traceback in a log's tail, or None where it holds none."""
-    lines = bounded(lines)
+    lines = bounded(tail)
     start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == HEADER), None)
     if start is None:
         return None
@@ -83,6 +84,7 @@ def of_log(lines) -> Cause | None:
     if at is None:
         return None
     found = EXCEPTION.match(lines[at].strip())
+    assert found is not None  # _exception_line chose the line by this match
     kind, message, said = found["type"], (found["message"] or "").strip(), at
     rest = _message_rest(lines, at + 1)
     if not message or message.endswith(":") or message.startswith(KERAS3_LEAD):
@@ -118,12 +120,12 @@ def _message_rest(lines: list[str], begin: int) -> list[int]:
 def _inner(lines: list[str], rest: list[int], kind: str, message: str, said: int) -> tuple[str, str, int]:
     """A message that only leads in ("in user code:", Keras 3's "Exception encountered when calling ..."): the
     innermost exception printed inside it (TensorFlow's traced code), else its first line of its own words."""
-    nested = [i for i in rest if lines[i][:1].isspace() and (m := EXCEPTION.match(lines[i].strip()))
+    nested = [(i, m) for i in rest if lines[i][:1].isspace() and (m := EXCEPTION.match(lines[i].strip()))
               and m["message"] and NAMED.search(m["type"])]
     if nested:
-        m = EXCEPTION.match(lines[nested[-1]].strip())
+        at, m = nested[-1]
         if m["message"].strip() and not m["message"].strip().endswith(":"):
-            return m["type"], m["message"].strip(), nested[-1]
+            return m["type"], m["message"].strip(), at
     for i in rest:
         text = lines[i].strip()
         if text and not lines[i][:1].isspace() and not LOG_LINE.match(text) and not text.startswith("Detected at node"):
@@ -175,12 +177,12 @@ def _cut(text: str) -> str:
     return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX - 1] + "…"
 
 
-def unhealthy(lines) -> list[int]:
+def unhealthy(tail: Iterable[object] | None) -> list[int]:
     """The tasks (their ranks in the cluster, as TF_CONFIG numbers them) that a collective's abort in this log
     blames: TensorFlow's (and XLA's, for JAX) coordination service names the tasks that stopped sending
     heartbeats (each on a line of its own after the words) or that timed out; a heartbeat to the service that
     timed out blames the task that hosts it, rank 0."""
-    lines, found = bounded(lines), []
+    lines, found = bounded(tail), []
     for i, text in enumerate(lines):
         if UNHEALTHY in text:
             found += [int(r) for r in TASK_NAME.findall(text.split(UNHEALTHY, 1)[1])]

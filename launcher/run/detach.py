@@ -18,7 +18,7 @@ DETACH_WAIT_S = 300.0
 
 
 def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = False, resume: str | None = None,
-                   args: list[str] | tuple = ()) -> None:
+                   args: list[str] | tuple[str, ...] = ()) -> None:
     """Start `up` in the background (`resume`, `args`: as up's); return once every task of the run has started
     (the agent's fact: the run is running) or the run ended. A wait that runs out stops nothing: the run goes on."""
     folder = record.runs_dir(create=True)
@@ -49,7 +49,7 @@ def start_detached(spec_path: Path, run_id: str, n_tasks: int, verbose: bool = F
                     exit_code=code if code in (1, 2, 130) else 1)
 
 
-def _settled(proc: subprocess.Popen, run_id: str) -> tuple[record.RunRecord | None, int | None] | None:
+def _settled(proc: subprocess.Popen[bytes], run_id: str) -> tuple[record.RunRecord | None, int | None] | None:
     """(the record, the launcher's exit code) once every task has started (the run is running), the run
     succeeded, or its launcher exited; None before."""
     code, run = proc.poll(), _load(run_id)
@@ -92,7 +92,7 @@ def _move(out_path: Path, run_id: str) -> None:
         pass
 
 
-def _stop_background(proc: subprocess.Popen) -> None:
+def _stop_background(proc: subprocess.Popen[bytes]) -> None:
     """Ask a background launcher that never got its run going to stop its tasks, as `down` would."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -44,13 +44,13 @@ class Failure:
     tail: list[str] = field(default_factory=list)  # the last lines of its log
     cause: Cause | None = None  # the exception its log ends in (an exit's only)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         data = asdict(self)
         data["kind"] = str(self.kind)
         return data
 
     @classmethod
-    def from_json(cls, data) -> "Failure | None":
+    def from_json(cls, data: object) -> "Failure | None":
         if isinstance(data, str):  # a record written before failures were data
             return cls(kind=FailureKind.EXITED, message=data)
         try:

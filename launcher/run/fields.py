@@ -10,7 +10,10 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,14 @@ Pid = Annotated[int, Range(1, 2**22)]  # Linux' largest pid_max
 Port = Annotated[int, Range(0, 65535)]
 Percent = Annotated[float, Range(0.0, 100.0 * 8192)]  # of one CPU, over all of a machine's (Linux' NR_CPUS)
 
+D = TypeVar("D", bound="DataclassInstance")
+# Any: a field's JSON as read (untrusted), which its converter checks
+Convert = Mapping[str, Callable[[Any], object]]
 
-def build(cls: type, data: Any, convert: dict[str, Any] | None = None):
-    """cls(**data) with every field checked; `convert` turns a field's JSON into its value first."""
+
+def build(cls: type[D], data: object, convert: Convert | None = None) -> D:
+    """cls(**data) with every field checked; `convert` turns a field's JSON into its value (and checks it: the
+    field's own reader, such as a record within the record)."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__}: not a JSON object")
     hints = typing.get_type_hints(cls, include_extras=True)
@@ -44,16 +52,17 @@ def build(cls: type, data: Any, convert: dict[str, Any] | None = None):
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:
-            value = convert[f.name](data[f.name]) if f.name in convert else data[f.name]
-            kwargs[f.name] = _checked(f"{cls.__name__}.{f.name}", value, hints[f.name])
+            value = data[f.name]
+            kwargs[f.name] = convert[f.name](value) if f.name in convert else \
+                _checked(f"{cls.__name__}.{f.name}", value, hints[f.name])
     return cls(**kwargs)
 
 
-def _checked(name: str, value: Any, want: Any) -> Any:
+def _checked(name: str, value: Any, want: object) -> Any:  # Any: untrusted JSON in; out, of the type `want` says
     origin, args = typing.get_origin(want), typing.get_args(want)
     if origin is Annotated:
         value = _checked(name, value, args[0])
-        for bound in (m for m in want.__metadata__ if isinstance(m, Range)):
+        for bound in (m for m in args[1:] if isinstance(m, Range)):
             if not bound.low <= value <= bound.high:
                 raise OutOfRange(f"{name}: {value!r:.40} is not within {bound.low:g}..{bound.high:g}")
         return value
@@ -83,6 +92,15 @@ def _checked(name: str, value: Any, want: Any) -> Any:
     elif origin is list:
         if isinstance(value, list):
             return [_checked(f"{name}[]", v, args[0]) for v in value] if args else value
+    elif typing.is_typeddict(want):
+        if isinstance(value, dict):
+            keys, required = typing.get_type_hints(want, include_extras=True), getattr(want, "__required_keys__")
+            unknown = next((k for k in value if k not in keys), None)
+            missing = next(iter(required - value.keys()), None)
+            if unknown is not None or missing is not None:
+                raise TypeError(f"{name}: {unknown!r:.40} is not one of its keys" if unknown is not None else
+                                f"{name}: {missing!r} is missing")
+            return {k: _checked(f"{name}[{k!r}]", v, keys[k]) for k, v in value.items()}
     elif dataclasses.is_dataclass(want) and isinstance(want, type) and isinstance(value, dict):
         return build(want, value)  # a record within the record
     elif isinstance(want, type) and isinstance(value, origin or want):

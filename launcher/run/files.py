@@ -8,6 +8,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Mapping
 
 from launcher.errors import RunCorrupt
 
@@ -50,15 +51,16 @@ def reserve(path: Path) -> None:
         os.close(fd)
 
 
-def write_note(path: Path, note: dict | None) -> bool:
+def write_note(path: Path, note: Mapping[str, object] | None) -> bool:
     """`note` as JSON (None: blank) over the reserved bytes, in place: no new block, so a full disk takes it.
     A note too long for them loses the end of its longest text first. False when even that failed."""
     text = json.dumps(note) if note is not None else ""  # ASCII: one byte a character
     while len(text) > NOTE_BYTES and note:
-        key = max((k for k, v in note.items() if isinstance(v, str)), key=lambda k: len(note[k]), default=None)
-        if key is None or not note[key]:
+        texts = {k: v for k, v in note.items() if isinstance(v, str)}
+        key = max(texts, key=lambda k: len(texts[k]), default=None)
+        if key is None or not texts[key]:
             return False
-        note = {**note, key: note[key][:len(note[key]) // 2]}
+        note = {**note, key: texts[key][:len(texts[key]) // 2]}
         text = json.dumps(note)
     try:
         fd = os.open(path, os.O_WRONLY)  # no O_CREAT, no O_TRUNC: the blocks taken by reserve()
@@ -71,7 +73,7 @@ def write_note(path: Path, note: dict | None) -> bool:
     return True
 
 
-def read_note(path: Path) -> dict | None:
+def read_note(path: Path) -> dict[str, object] | None:
     """What write_note left at `path`: a JSON object, or None (blank, missing, or not one)."""
     try:
         data = json.loads(read_file(path, limit=NOTE_BYTES))

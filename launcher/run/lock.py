@@ -62,6 +62,7 @@ def claim_ports(run_id: str, plans: list[TaskPlan]) -> list[Lock]:
             lock = Lock(folder / f"{re.sub(r'[^A-Za-z0-9.:-]', '_', host)}_{plan.host.port}")
             if lock.acquire():
                 held.append(lock)
+                assert lock.fd is not None  # acquire() keeps what it holds
                 os.ftruncate(lock.fd, 0)
                 os.pwrite(lock.fd, f"{run_id} {os.getpid()}\n".encode(), 0)
             else:

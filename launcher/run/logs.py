@@ -19,7 +19,7 @@ from worker.host.files import READ_MAX_BYTES
 class Lines:
     """One task's log as lines, from its bytes as they come."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.partial = ""
 
@@ -86,12 +86,14 @@ def show(run: record.RunRecord, engine: Inspecting, chosen: list[int], follow: b
 
     first, last_round = True, False
     while True:
-        results = parallel(lambda i, n=tail if first else None: engine.read_log(i, offsets[i], n), chosen)
+        n = tail if first else None
+        results = parallel(lambda i: engine.read_log(i, offsets[i], n), chosen)
         first, failed, cut = False, [], False
         for i, res in zip(chosen, results):
-            if not res.ok:
+            if res.error is not None:
                 failed.append(unreadable(run, engine, i, res.error))
                 continue
+            assert res.value is not None  # read_log returned
             data, offsets[i] = res.value
             cut |= len(data) >= READ_MAX_BYTES  # one read's most: there is more
             say(i, readers[i].feed(data))

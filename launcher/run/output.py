@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Literal, Union
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from launcher.run.screen import Entry, Window, is_noise
@@ -24,6 +25,9 @@ from launcher.run.screen import Entry, Window, is_noise
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 MAX_PENDING_LINES = 2000
 PRINTED_KEPT = 64  # each task's newest lines on screen, to tell whether a failure's tail was shown
+# what the printing thread takes, in order: a renderable, a task's lines ((index, host), lines), an Event to set
+# once everything before it is printed, None to end
+Item = Union[RenderableType, tuple[tuple[int, str], list[str]], threading.Event, None]
 
 
 class _Fd:
@@ -56,7 +60,9 @@ class Output:
         """threaded=False: print at once, on the caller's thread (short commands)."""
         self.quiet, self.verbose, self.threaded = quiet, verbose, threaded
         fd = sys.stdout.fileno() if hasattr(sys.stdout, "fileno") else 1
-        self.console = Console(file=_Fd(fd), highlight=False, soft_wrap=True, force_terminal=None)
+        # rich takes IO[str] but uses only write, flush, isatty, fileno and encoding of it: what _Fd has
+        self.console = Console(file=_Fd(fd), highlight=False, soft_wrap=True,  # type: ignore[arg-type]
+                               force_terminal=None)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self.log = None
         if log_path:
@@ -64,13 +70,13 @@ class Output:
                 self.log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
             except OSError:  # a full MGPU_HOME: the run goes on, said on screen (Owner.save tells it)
                 pass
-        self.items: collections.deque = collections.deque()
+        self.items: collections.deque[Item] = collections.deque()
         self.pending_lines = 0
         self.dropped: dict[int, int] = {}
         self.lock = threading.Condition()
         self.broken = False  # stdout closed: keep working, print nothing
         self.screen = Window(collapse=not verbose)
-        self.printed: dict[int, collections.deque] = {}  # None stands for lines not shown
+        self.printed: dict[int, collections.deque[str | None]] = {}  # None stands for lines not shown
         self.thread = threading.Thread(target=self._print_loop, daemon=True)
         if threaded:
             self.thread.start()
@@ -87,7 +93,7 @@ class Output:
         self.logline(message)
         self._put(Text("mgpu-cluster | ", style="bold") + Text(message))
 
-    def show(self, renderable) -> None:
+    def show(self, renderable: RenderableType) -> None:
         """A table or other rich renderable, in order with everything else."""
         self._put(renderable)
 
@@ -144,8 +150,9 @@ class Output:
         return seen[-len(want):] == want
 
     # ---- the printing thread
-    def _put(self, item) -> None:
+    def _put(self, item: RenderableType | threading.Event) -> None:
         if not self.threaded:
+            assert not isinstance(item, threading.Event)  # showed() waits on the printing thread only
             return self._print(item)
         with self.lock:
             self.items.append(item)
@@ -160,7 +167,7 @@ class Output:
                         break
                     self.lock.wait(None if due is None else due - time.monotonic())
                 dropped, self.dropped = self.dropped, {}
-                item = self.items.popleft() if self.items else False
+                item: Item | Literal[False] = self.items.popleft() if self.items else False
                 if isinstance(item, tuple):
                     self.pending_lines -= len(item[1])
             now = time.monotonic()
@@ -194,7 +201,7 @@ class Output:
     def _printed(self, index: int, line: str | None) -> None:
         self.printed.setdefault(index, collections.deque(maxlen=PRINTED_KEPT)).append(line)
 
-    def _print(self, renderable) -> None:
+    def _print(self, renderable: RenderableType) -> None:
         if self.broken:
             return
         try:

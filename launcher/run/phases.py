@@ -8,16 +8,18 @@ from __future__ import annotations
 import enum
 import math
 import time
+from typing import Literal, Mapping
 
 from launcher.engines.base import BackupCopy
-from launcher.run.progress import step
+from launcher.run.progress import Progress, step
 from launcher.run.record import Attempt, RunRecord
-from launcher.run.states import AttemptPhase
+from launcher.run.states import AttemptPhase, Figures
 from worker.host import protocol
 
 # the parts of a restart, in order, and their words
-PARTS = ((AttemptPhase.DETECTED_S, "detected"), (AttemptPhase.TEARDOWN_S, "teardown"), (AttemptPhase.COPY_S, "backup copy"), (AttemptPhase.SPAWN_S, "spawn"),
-         (AttemptPhase.FIRST_STEP_S, "to first step"))
+Part = Literal["detected_s", "teardown_s", "copy_s", "spawn_s", "first_step_s"]
+PARTS: tuple[tuple[Part, str], ...] = (("detected_s", "detected"), ("teardown_s", "teardown"), ("copy_s", "backup copy"),
+                                       ("spawn_s", "spawn"), ("first_step_s", "to first step"))
 ESTIMATED = AttemptPhase.ESTIMATED
 UNPRINTED = AttemptPhase.UNPRINTED
 
@@ -26,9 +28,10 @@ def seconds(since: float, until: float) -> float:
     return round(max(0.0, until - since), 3)
 
 
-def estimated(ph: dict, name: str) -> bool:
+def estimated(ph: Mapping[str, object], name: str) -> bool:
     """Whether the phases `ph` give `name` as an estimate."""
-    return name in (ph.get(ESTIMATED) or ())
+    names = ph.get(ESTIMATED) or ()
+    return isinstance(names, (list, tuple)) and name in names
 
 
 def failed_at(run: RunRecord, index: int | None, ev: protocol.Event | None, now: float) -> float:
@@ -36,8 +39,9 @@ def failed_at(run: RunRecord, index: int | None, ev: protocol.Event | None, now:
     last minute: a skewed clock must not make up a phase); a hung task, when it last progressed; else now."""
     if isinstance(ev, protocol.Exit) and 0 <= now - ev.time <= 60:
         return ev.time
-    if ev is None and index is not None and run.task(index).heartbeat:
-        return min(now, run.task(index).heartbeat)
+    beat = run.task(index).heartbeat if ev is None and index is not None else None
+    if beat:
+        return min(now, beat)
     return now
 
 
@@ -60,18 +64,17 @@ def reached(run: RunRecord) -> int:
 class Phases:
     """The marks of one attempt, on the wall clock (the record keeps what they add up to)."""
 
-    def __init__(self, attempt: Attempt, carried: dict, reached_step: int):
+    def __init__(self, attempt: Attempt, carried: Figures, reached_step: int):
         """`reached_step`: where the attempt before got to (reached(), before the tasks' progress is reset; its
         own marks carry it forward to its failure); `carried`: what its end gave (ended())."""
-        carried = dict(carried)
-        told, guessed = carried.pop(AttemptPhase.EPOCH_TOLD, None), carried.pop(ESTIMATED, [])
+        carried = carried.copy()
+        told, guessed = carried.pop("epoch_told", None), carried.pop("estimated", [])
         self.told: int | None = None if told is None else int(told)  # the last epoch whose line reached us
         self.told_before = self.told  # (or the epoch before the run's first)
-        self.attempt, self.reached = attempt, max(reached_step, int(carried.get(AttemptPhase.REACHED_STEP, 0)))
-        for name, value in carried.items():  # detected_s, teardown_s, failed_at and reached_step of the attempt before
-            attempt.measured(AttemptPhase(name), value)
-        if AttemptPhase.REACHED_STEP in carried:
-            attempt.measured(AttemptPhase.REACHED_STEP, self.reached)
+        self.attempt, self.reached = attempt, max(reached_step, int(carried.get("reached_step", 0)))
+        attempt.measured(carried)  # detected_s, teardown_s, failed_at and reached_step of the attempt before
+        if "reached_step" in carried:
+            attempt.measured({"reached_step": self.reached})
             self.mark(AttemptPhase.REACHED_STEP, AttemptPhase.REACHED_STEP in guessed and self.reached > reached_step)
         self.spawn_at: float | None = None
         self.started_at: float | None = None
@@ -85,8 +88,8 @@ class Phases:
     def mark(self, name: AttemptPhase, estimate: bool) -> None:
         """Phase `name` is an estimate (or measured) from now on."""
         ph = self.attempt.phases
-        names = [n for n in ph.get(ESTIMATED, []) if n != name] + ([name.value] if estimate else [])
-        self.attempt.measured(ESTIMATED, names)
+        names = [n for n in ph.get("estimated", []) if n != name] + ([name.value] if estimate else [])
+        self.attempt.measured({"estimated": names})
 
     def failed(self, run: RunRecord, index: int | None, ev: protocol.Event | None) -> None:
         """A task's end failed the attempt (or gave notice; `ev` None: a hang or a silence): the first one counts."""
@@ -94,18 +97,18 @@ class Phases:
             now = time.time()
             self.detected = (failed_at(run, index, ev, now), now)
 
-    def ended(self, stopped_at: float) -> dict:
+    def ended(self, stopped_at: float) -> Figures:
         """What the attempt's end gives the next attempt's phases (nothing where no stop was decided: it succeeded)."""
         if self.decided_at is None:
             return {}
         failure_at, detected_at = self.detected or (None, None)
-        carried: dict = ended(failure_at, detected_at, self.decided_at, stopped_at)
+        carried = ended(failure_at, detected_at, self.decided_at, stopped_at)
         if failure_at is not None and self.points:
-            carried[AttemptPhase.REACHED_STEP] = self.step_at(failure_at)
-            if carried[AttemptPhase.REACHED_STEP] > self.points[-1][0]:
-                carried[ESTIMATED] = [AttemptPhase.REACHED_STEP]
+            carried["reached_step"] = self.step_at(failure_at)
+            if carried["reached_step"] > self.points[-1][0]:
+                carried["estimated"] = [AttemptPhase.REACHED_STEP]
         if self.told is not None:
-            carried[AttemptPhase.EPOCH_TOLD] = self.told
+            carried["epoch_told"] = self.told
         return carried
 
     def step_at(self, when: float) -> int:
@@ -120,7 +123,7 @@ class Phases:
         end = -(-int(g1) // self.per_epoch) * self.per_epoch if self.per_epoch else math.inf
         return int(min(g1 + rate * min(max(0.0, when - t1), EXTRAPOLATE_MAX_S), self.total or math.inf, end))
 
-    def seen(self, progress: dict, now: float) -> bool:
+    def seen(self, progress: Progress, now: float) -> bool:
         """Keep this record's (global step, time) as the group's latest, where it is one step count later
         (the tasks step together); its time is the task's, kept within what came before and now. `progress`
         is typed (launcher.run.progress): a time there is a finite number. A task's record at the step it told
@@ -149,8 +152,8 @@ class Phases:
 
     def copied(self, copy: BackupCopy) -> None:
         """The run's backup was brought to every host that restores (engines.base.BackupCopy): its time and bytes."""
-        self.attempt.measured(AttemptPhase.COPY_S, copy.seconds)
-        self.attempt.measured(AttemptPhase.COPY_BYTES, copy.bytes)
+        self.attempt.measured({"copy_s": copy.seconds})
+        self.attempt.measured({"copy_bytes": copy.bytes})
 
     def spawning(self) -> None:
         self.spawn_at = time.time()
@@ -159,10 +162,10 @@ class Phases:
         """Every task started, `warm` of them from their standbys."""
         if self.spawn_at is not None and self.started_at is None:
             self.started_at = now
-            self.attempt.measured(AttemptPhase.SPAWN_S, seconds(self.spawn_at, now))
-            self.attempt.measured(AttemptPhase.WARM_TASKS, warm)
+            self.attempt.measured({"spawn_s": seconds(self.spawn_at, now)})
+            self.attempt.measured({"warm_tasks": warm})
 
-    def progress(self, progress: dict, now: float) -> Mark | None:
+    def progress(self, progress: Progress, now: float) -> Mark | None:
         """A progress record: the mark it is, if any. Its first trained step records first_step_s and, after
         a restart, took_s, steps_redone and the epochs saved before it whose lines never came; the step the
         attempt before had reached, back_s."""
@@ -171,25 +174,26 @@ class Phases:
         moved = self.seen(progress, now)
         if step(progress) <= step(progress, "first_global_step"):
             return None
-        if AttemptPhase.FIRST_STEP_S in ph:
+        if "first_step_s" in ph:
             return self.back(before, self.points[-1]) if moved else None
-        at = progress.get("first_step_at")  # the task's own time of its first step (the record is read later)
+        first = progress.get("first_step_at")  # the task's own time of its first step (the record is read later)
         start = self.started_at or self.spawn_at or now
-        at = min(max(at, start), now) if isinstance(at, (int, float)) else now
-        self.attempt.measured(AttemptPhase.FIRST_STEP_S, seconds(start, at))
-        if AttemptPhase.FAILED_AT in ph:
-            self.attempt.measured(AttemptPhase.TOOK_S, seconds(ph[AttemptPhase.FAILED_AT], at))
+        at = min(max(first, start), now) if isinstance(first, (int, float)) else now
+        self.attempt.measured({"first_step_s": seconds(start, at)})
+        if "failed_at" in ph:
+            self.attempt.measured({"took_s": seconds(ph["failed_at"], at)})
         self.first_epoch(step(progress, "first_epoch"))
         if self.attempt.number > 0 and "first_global_step" in progress:  # a script of its own may not say
-            self.attempt.measured(AttemptPhase.RESUMED_STEP, step(progress, "first_global_step"))
-            if AttemptPhase.REACHED_STEP in ph and ph[AttemptPhase.RESUMED_STEP] >= self.reached:  # it got as far as it saved: measured
-                self.reached = ph[AttemptPhase.RESUMED_STEP]
-                self.attempt.measured(AttemptPhase.REACHED_STEP, self.reached)
+            resumed = step(progress, "first_global_step")
+            self.attempt.measured({"resumed_step": resumed})
+            if "reached_step" in ph and resumed >= self.reached:  # it got as far as it saved: measured
+                self.reached = resumed
+                self.attempt.measured({"reached_step": self.reached})
                 self.mark(AttemptPhase.REACHED_STEP, False)
-            self.attempt.measured(AttemptPhase.STEPS_REDONE, max(0, self.reached - ph[AttemptPhase.RESUMED_STEP]))
+            self.attempt.measured({"steps_redone": max(0, self.reached - resumed)})
             self.mark(AttemptPhase.STEPS_REDONE, estimated(ph, AttemptPhase.REACHED_STEP))
             if self.points:  # (a record with a time: its first step is one of them)
-                self.back((ph[AttemptPhase.RESUMED_STEP] + 1, at), self.points[-1])
+                self.back((resumed + 1, at), self.points[-1])
         return Mark.FIRST_STEP
 
     def first_epoch(self, epoch: int) -> None:
@@ -198,7 +202,7 @@ class Phases:
         if not epoch:
             return
         if self.attempt.number > 0 and self.told_before is not None and self.told_before + 1 < epoch:
-            self.attempt.measured(UNPRINTED, list(range(self.told_before + 1, epoch)))
+            self.attempt.measured({"epochs_unprinted": list(range(self.told_before + 1, epoch))})
         self.told = max(self.told or 0, epoch - 1)
 
     def back(self, before: tuple[float, float] | None, now: tuple[float, float]) -> Mark | None:
@@ -207,41 +211,45 @@ class Phases:
         time of an estimated step). None where the attempt before trained no step it told (it failed starting:
         its restart's cost is took_s)."""
         ph = self.attempt.phases
-        if AttemptPhase.BACK_S in ph or not {AttemptPhase.FAILED_AT, AttemptPhase.REACHED_STEP, AttemptPhase.RESUMED_STEP} <= set(ph) or now[0] < self.reached:
+        if "back_s" in ph or not {"failed_at", "reached_step", "resumed_step"} <= set(ph) or now[0] < self.reached:
             return None
         (g0, t0), (g1, t1) = before or now, now
         at = t0 if g0 >= self.reached else t0 + (self.reached - g0) / (g1 - g0) * (t1 - t0)  # g0 < reached <= g1
-        self.attempt.measured(AttemptPhase.BACK_S, seconds(ph[AttemptPhase.FAILED_AT], at))
+        self.attempt.measured({"back_s": seconds(ph["failed_at"], at)})
         self.mark(AttemptPhase.BACK_S, g0 < self.reached < g1 or estimated(ph, AttemptPhase.REACHED_STEP))
         return Mark.BACK
 
 
-def ended(failure_at: float | None, detected_at: float | None, decided_at: float, stopped_at: float) -> dict:
+def ended(failure_at: float | None, detected_at: float | None, decided_at: float, stopped_at: float) -> Figures:
     """What an attempt's end gives the next attempt: detected_s, teardown_s and failed_at (for took_s)."""
-    carried: dict[str, float] = {AttemptPhase.TEARDOWN_S: seconds(decided_at, stopped_at)}
+    carried: Figures = {"teardown_s": seconds(decided_at, stopped_at)}
     if failure_at is not None and detected_at is not None:
-        carried.update(failed_at=failure_at, detected_s=seconds(failure_at, detected_at))
+        carried.update({"failed_at": failure_at, "detected_s": seconds(failure_at, detected_at)})
     return carried
 
 
-def told(attempt: Attempt) -> dict:
+def told(attempt: Attempt) -> Figures:
     """The phases in seconds and steps, as `status --json` gives them (failed_at, a unix time, stays in the
     record), with `estimated`: the names of those that are estimates ([] where none is)."""
-    return {**{k: v for k, v in attempt.phases.items() if k != AttemptPhase.FAILED_AT},
-            ESTIMATED: list(attempt.phases.get(ESTIMATED, []))}
+    shown = attempt.phases.copy()
+    shown.pop("failed_at", None)
+    shown["estimated"] = list(attempt.phases.get("estimated", []))
+    return shown
 
 
-def about(ph: dict, *names: str) -> str:
+def about(ph: Mapping[str, object], *names: str) -> str:
     """'about ' where any of the figures `names` is an estimate."""
     return "about " if any(estimated(ph, n) for n in names) else ""
 
 
-def restart_line(number: int, ph: dict, epochs: bool = True) -> str:
+def restart_line(number: int, ph: Mapping[str, object], epochs: bool = True) -> str:
     """Attempt `number`'s phases `ph` in one line: 'restart 1 took 3.1 s: detected 0.1 s, teardown 1.0 s, spawn
     0.3 s, to first step 1.5 s, about 12 step(s) redone; back at about step 40 after about 3.4 s' (the report
     tells them too), with the epochs saved but never told (unprinted_words) where `epochs`."""
-    parts = [f"{words} {ph[key]:.1f} s" + (f" ({ph['copy_bytes'] / 1e6:.1f} MB)" if key == AttemptPhase.COPY_S and
-                                           ph.get(AttemptPhase.COPY_BYTES) else "") for key, words in PARTS if key in ph]
+    copied = ph.get(AttemptPhase.COPY_BYTES)
+    parts = [f"{words} {ph[key]:.1f} s" + (f" ({copied / 1e6:.1f} MB)" if key == "copy_s" and
+                                           isinstance(copied, (int, float)) and copied else "")
+             for key, words in PARTS if key in ph]
     if AttemptPhase.STEPS_REDONE in ph:
         parts.append(f"{about(ph, 'steps_redone')}{ph['steps_redone']:.0f} step(s) redone")
     took = f" took {ph['took_s']:.1f} s" if AttemptPhase.TOOK_S in ph else ""
@@ -251,10 +259,10 @@ def restart_line(number: int, ph: dict, epochs: bool = True) -> str:
             + (f"; {unprinted}" if unprinted else ""))
 
 
-def unprinted_words(number: int, ph: dict) -> str:
+def unprinted_words(number: int, ph: Mapping[str, object]) -> str:
     """'epoch 6: saved, its line was not printed (attempt 0 ended before it)'; '' where there is none."""
     epochs = ph.get(UNPRINTED) or []
-    if not epochs:
+    if not epochs or not isinstance(epochs, list):
         return ""
     if len(epochs) == 1:
         return f"epoch {epochs[0]}: saved, its line was not printed (attempt {number - 1} ended before it)"
@@ -277,13 +285,13 @@ def copy_line(copy: BackupCopy, to: list[str], source: str, attempt: int) -> str
     return line
 
 
-def back_words(ph: dict) -> str:
+def back_words(ph: Mapping[str, object]) -> str:
     """'back at step 40 after 3.4 s': when the restarted group had trained again to where the failed one got."""
     at = f" at {about(ph, 'reached_step')}step {ph['reached_step']:.0f}" if AttemptPhase.REACHED_STEP in ph else ""
     return f"back{at} after {about(ph, 'back_s')}{ph['back_s']:.1f} s"
 
 
-def back_line(number: int, ph: dict) -> str:
+def back_line(number: int, ph: Mapping[str, object]) -> str:
     """Said when a restarted group is back where the failed attempt got to, after its first step's line."""
     return (f"restart {number}: {back_words(ph)} (from the failure until the group had trained again to the "
             "step it had reached: what the crash cost the run)")
@@ -294,12 +302,12 @@ def restarts_words(run: RunRecord) -> str:
     later = [a for a in run.attempts if a.number > 0 and AttemptPhase.TOOK_S in a.phases]
     if not later:
         return ""
-    total = sum(a.phases[AttemptPhase.TOOK_S] for a in later)
+    total = sum(a.phases["took_s"] for a in later)
     parts = [f"{words} {sum(a.phases.get(key, 0.0) for a in later):.1f} s" for key, words in PARTS
              if any(key in a.phases for a in later)]
-    redone = sum(a.phases.get(AttemptPhase.STEPS_REDONE, 0) for a in later)
+    redone = sum(a.phases.get("steps_redone", 0) for a in later)
     redone_about = "about " if any(estimated(a.phases, AttemptPhase.STEPS_REDONE) for a in later) else ""
-    back = [a.phases[AttemptPhase.BACK_S] for a in later if AttemptPhase.BACK_S in a.phases]
+    back = [a.phases["back_s"] for a in later if "back_s" in a.phases]
     back_about = "about " if any(estimated(a.phases, AttemptPhase.BACK_S) for a in later) else ""
     words = (f"; back at the steps reached after {back_about}{sum(back):.1f} s in all" if len(back) == len(later)
              else f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all"

@@ -4,51 +4,101 @@ untrusted input. One boundary turns it into typed, bounded fields; anything else
 from __future__ import annotations
 
 import math
-from typing import Any
+import typing
+from typing import Literal, TypedDict
 
 from worker.training.progress import EPOCH_ENDS_KEPT
 from worker.host.protocol import ProgressState
 
-WHOLE = ("task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch", "first_global_step",
-         "pid", "replicas")
+Whole = Literal["task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch",
+                "first_global_step", "pid", "replicas"]
 # samples_per_sec is the training throughput (worker.training.progress.training_rate) of the epoch so far, from its
 # epoch_samples and epoch_train_s; each finished epoch's summary keeps its own (samples, train_s)
-REAL = ("loss", "samples_per_sec", "epoch_samples", "epoch_train_s", "time", "compute_ms", "wait_ms", "first_step_at")
-EPOCH_REAL = ("start", "end", "samples", "train_s", "samples_per_sec", "loss")
+Real = Literal["loss", "samples_per_sec", "epoch_samples", "epoch_train_s", "time", "compute_ms", "wait_ms",
+               "first_step_at"]
+EpochReal = Literal["start", "end", "samples", "train_s", "samples_per_sec", "loss"]
+WHOLE: tuple[Whole, ...] = typing.get_args(Whole)
+REAL: tuple[Real, ...] = typing.get_args(Real)
+EPOCH_REAL: tuple[EpochReal, ...] = typing.get_args(EpochReal)
 MAX_METRICS, MAX_NAME = 32, 64
 
 
-def whole(value: Any) -> int | None:
+class _Epoch(TypedDict):
+    epoch: int
+
+
+class EpochEnd(_Epoch, total=False):
+    """One finished epoch's summary, as typed()."""
+
+    start: float
+    end: float
+    samples: float
+    train_s: float
+    samples_per_sec: float
+    loss: float
+    metrics: dict[str, float]
+
+
+class Progress(TypedDict, total=False):
+    """A progress record as typed(): the fields of WHOLE and REAL that the training gave with their type, its
+    state (a ProgressState's word), metrics and finished epochs."""
+
+    task: int
+    epoch: int
+    epochs: int
+    step: int
+    steps_per_epoch: int
+    global_step: int
+    first_epoch: int
+    first_global_step: int
+    pid: int
+    replicas: int
+    loss: float
+    samples_per_sec: float
+    epoch_samples: float
+    epoch_train_s: float
+    time: float
+    compute_ms: float
+    wait_ms: float
+    first_step_at: float
+    state: str
+    metrics: dict[str, float]
+    epoch_ends: list[EpochEnd]
+
+
+def whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
 
-def real(value: Any) -> float | None:
+def real(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        value = float(value)
+        number = float(value)
     except OverflowError:
         return None
-    return value if math.isfinite(value) else None
+    return number if math.isfinite(number) else None
 
 
-def step(progress: dict | None, key: str = "global_step") -> int:
+def step(progress: Progress | None, key: Whole = "global_step") -> int:
     """A typed progress record's global step (or its `key`: first_global_step, steps_per_epoch...); 0 when it
     gives none."""
     return (progress or {}).get(key) or 0
 
 
-def typed(progress: Any) -> dict:
+def typed(progress: object) -> Progress:
     """The fields of a progress record that have the type the launcher expects; {} for a non-dict."""
     if not isinstance(progress, dict):
         return {}
-    out: dict = {}
+    out: Progress = {}
     for key in WHOLE:
-        if whole(progress.get(key)) is not None:
-            out[key] = progress[key]
-    for key in REAL:
-        if real(progress.get(key)) is not None:
-            out[key] = real(progress[key])
+        number = whole(progress.get(key))
+        if number is not None:
+            out[key] = number
+    for name in REAL:
+        value = real(progress.get(name))
+        if value is not None:
+            out[name] = value
     state = ProgressState.of(progress)
     if state is not None:
         out["state"] = str(state)
@@ -56,27 +106,32 @@ def typed(progress: Any) -> dict:
         out["metrics"] = _metrics(progress["metrics"])
     ends = progress.get("epoch_ends")
     if isinstance(ends, list):
-        out["epoch_ends"] = [_epoch_end(e) for e in ends[-EPOCH_ENDS_KEPT:]
-                             if isinstance(e, dict) and whole(e.get("epoch")) is not None]
+        out["epoch_ends"] = [_epoch_end(e, epoch) for e in ends[-EPOCH_ENDS_KEPT:]
+                             if isinstance(e, dict) and (epoch := whole(e.get("epoch"))) is not None]
     return out
 
 
-def _metrics(metrics: dict) -> dict:
+def _metrics(metrics: dict[object, object]) -> dict[str, float]:
     """Names shown on a terminal: no control characters (escape sequences)."""
-    return {str(k)[:MAX_NAME]: real(v) for k, v in list(metrics.items())[:MAX_METRICS]
-            if real(v) is not None and str(k).isprintable()}
+    return {str(k)[:MAX_NAME]: value for k, v in list(metrics.items())[:MAX_METRICS]
+            if (value := real(v)) is not None and str(k).isprintable()}
 
 
-def _epoch_end(end: dict) -> dict:
+def _epoch_end(end: dict[object, object], epoch: int) -> EpochEnd:
     """One finished epoch's summary: its number, when it was measured (start, end), its samples, training seconds
     and their rate, loss, metrics."""
-    out = {"epoch": end["epoch"], **{k: real(end.get(k)) for k in EPOCH_REAL if real(end.get(k)) is not None}}
-    if isinstance(end.get("metrics"), dict):
-        out["metrics"] = _metrics(end["metrics"])
+    out: EpochEnd = {"epoch": epoch}
+    for key in EPOCH_REAL:
+        value = real(end.get(key))
+        if value is not None:
+            out[key] = value
+    metrics = end.get("metrics")
+    if isinstance(metrics, dict):
+        out["metrics"] = _metrics(metrics)
     return out
 
 
-def without_told(progress: dict | None, told: list) -> dict | None:
+def without_told(progress: Progress | None, told: list[EpochEnd]) -> Progress | None:
     """`progress` with only the epoch summaries that `told` (the task's previous record's) did not hold: the
     run's history (progress.jsonl) gets each finished epoch once, not in every record while progress.json
     keeps it."""

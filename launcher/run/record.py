@@ -13,18 +13,20 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from launcher.errors import HomeError, RunCorrupt, RunNotFound
-from launcher.run.home import RUN_ID, new_run_id, runs_dir  # noqa: F401 (where runs live: home.py)
-from launcher.run.home import run_folder as run_path
-from launcher.engines.base import EngineKind, StandbyState
+from launcher.run import home
+from launcher.run.home import RUN_ID as RUN_ID, runs_dir as runs_dir  # where runs live: home.py
+from launcher.engines.base import EngineKind, JobRecord, StandbyState
 from worker.host.devices import GpuFigures
 from launcher.plan import TaskPlan
 from launcher.run import fields, files
 from launcher.run.failure import Failure
 from launcher.run.fields import Count, Percent, Pid, Port, Time
 from launcher.run.lock import Lock
-from launcher.run.states import AttemptOutcome, AttemptPhase, RunPhase, RunState, TaskState
+from launcher.run.progress import Progress, typed
+from launcher.run.states import AttemptOutcome, Figures, RunPhase, RunState, TaskState
 from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
@@ -34,6 +36,8 @@ VERSION = 3
 STATE = "state.json"
 PROGRESS_LOG = "progress.jsonl"  # every progress record (appended by the agent), for `report`
 UNSAVED = "unsaved.json"  # room reserved at the start: what the launcher knows when state.json cannot be written
+new_run_id, run_path = home.new_run_id, home.run_folder  # (home.py's) by the names the launcher's modules use
+# the scheduler's job of a run as its engine gives it (Slurm: id, mode, ids, name)
 
 
 @dataclass
@@ -52,7 +56,7 @@ class TaskRecord:
     started_at: Time | None = None
     ended_at: Time | None = None
     heartbeat: Time | None = None  # when its progress last changed (launcher's clock)
-    progress: dict | None = None  # untrusted as the task wrote it: read through launcher.run.progress.typed
+    progress: Progress | None = None  # as launcher.run.progress.typed made it of what the task wrote
     cpu_percent: Percent | None = None  # relayed by the task's supervisor
     rss: int | None = None
     gpus: list[GpuFigures] | None = None  # its own GPUs, device-wide, as its supervisor relays nvidia-smi's
@@ -106,7 +110,7 @@ class TaskRecord:
         if rss is not None:
             self.cpu_percent, self.rss, self.gpus = cpu_percent, rss, gpus
 
-    def reported(self, progress: dict | None, beat: float | None) -> None:
+    def reported(self, progress: Progress | None, beat: float | None) -> None:
         """Its training's progress as read (typed, bounded: launcher.run.progress); `beat`: when it trained on
         (its heartbeat), None where it has not trained a step since it started."""
         self.progress = progress
@@ -140,7 +144,7 @@ class Attempt:
     # hosts that lacked it), spawn_s, first_step_s, took_s, back_s; steps:
     # reached_step (the attempt before's), resumed_step, steps_redone; lists: estimated (the names of those that
     # are estimates), epochs_unprinted (saved before a restart, their lines never told) (launcher.run.phases)
-    phases: dict[str, float | list[str] | list[int]] = field(default_factory=dict)
+    phases: Figures = field(default_factory=lambda: Figures())
 
     def end(self, outcome: AttemptOutcome, reason: str | None, failure: Failure | None) -> bool:
         """Its end, once: False where it had ended already (a later call leaves it as it was)."""
@@ -153,9 +157,9 @@ class Attempt:
         """It failed by losing hosts, and the run goes on without them: its outcome says so."""
         self.outcome = AttemptOutcome.SHRUNK
 
-    def measured(self, name: AttemptPhase, value: float | list[str] | list[int]) -> None:
-        """One of its phases (launcher.run.phases computes them; this is where they are kept)."""
-        self.phases[name.value] = value
+    def measured(self, figures: Figures) -> None:
+        """Some of its phases (launcher.run.phases computes them; this is where they are kept)."""
+        self.phases.update(figures)
 
 
 @dataclass
@@ -174,7 +178,7 @@ class RunRecord:
     created_at: Time = field(default_factory=time.time)
     ended_at: Time | None = None
     failure: Failure | None = None
-    job: dict | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
+    job: JobRecord | None = None  # the scheduler's job of the run (Slurm: id, mode), as the engine gave it
     phases: dict[str, float] = field(default_factory=dict)  # when each phase began, or took (preflight_s)
     start: StartPoint | None = None  # where its training starts (fresh, or another run's backup); set once
     args: list[str] = field(default_factory=list)  # the training's arguments given after `up SPEC --` (for --resume)
@@ -213,7 +217,7 @@ class RunRecord:
         """The engine that runs it (engines.base.EngineKind), once chosen."""
         self.engine = str(kind)
 
-    def job_known(self, job: dict) -> None:
+    def job_known(self, job: JobRecord) -> None:
         """A scheduler's job for the run (its id while it waits in the queue)."""
         self.job = job
 
@@ -262,15 +266,24 @@ class RunRecord:
         if data.get("version") != VERSION:
             raise OldVersion(f"record version {data.get('version', 1)}, this mgpu-cluster reads version {VERSION}")
 
-        def failure(value):
+        def failure(value: object) -> Failure | None:
             return Failure.from_json(value) if value is not None else None
 
-        def attempts(items):
+        def attempts(items: Any) -> list[Attempt]:  # Any: the record's JSON, each item checked by fields.build
             return [fields.build(Attempt, a, {"failure": failure}) for a in items]
 
-        return fields.build(cls, data, {"failure": failure, "attempts": attempts,
-                                        "start": lambda v: None if v is None else fields.build(StartPoint, v),
-                                        "tasks": lambda items: [fields.build(TaskRecord, t) for t in items]})
+        def progress(value: object) -> Progress | None:
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"TaskRecord.progress: {type(value).__name__} is not dict | None")
+            return None if value is None else typed(value)
+
+        def start(value: object) -> StartPoint | None:
+            return None if value is None else fields.build(StartPoint, value)
+
+        def tasks(items: Any) -> list[TaskRecord]:  # Any: as attempts
+            return [fields.build(TaskRecord, t, {"progress": progress}) for t in items]
+
+        return fields.build(cls, data, {"failure": failure, "attempts": attempts, "start": start, "tasks": tasks})
 
 
 class OldVersion(ValueError):
@@ -304,7 +317,7 @@ def load(run_id: str) -> RunRecord:
                          "affected.") from None
 
 
-def unsaved(run_id: str) -> dict | None:
+def unsaved(run_id: str) -> dict[str, object] | None:
     """What the run's launcher noted while state.json could not be written (Owner.save), or None."""
     return files.read_note(run_path(run_id) / UNSAVED)
 
@@ -323,7 +336,8 @@ class Owner:
         self.record, self.lock = record, lock
         self.saved_at = 0.0
         self.written = record.to_json()  # what state.json holds
-        self.warn = lambda _text: None  # told once when the record cannot be written (a full disk)
+        # told once when the record cannot be written (a full disk)
+        self.warn: Callable[[str], None] = lambda _text: None
         self.failing: str | None = None
         self.error: OSError | None = None  # why the last save failed
         self.notes = False  # the launcher keeps UNSAVED (a `status` or `down` that takes the run over does not)

@@ -97,11 +97,11 @@ class Window:
     window: float = WINDOW_S
     held_max: int = HELD_MAX
     collapse: bool = True
-    held: collections.deque = field(default_factory=collections.deque)
+    held: collections.deque[Entry] = field(default_factory=collections.deque)
     latest: dict[str, Entry] = field(default_factory=dict)  # the newest held entry of each text
     last_seq: dict[int, int] = field(default_factory=dict)  # each task's newest held entry
     aborting: set[int] = field(default_factory=set)  # tasks inside a collapsed abort
-    hidden: collections.Counter = field(default_factory=collections.Counter)  # lines collapsed, per task
+    hidden: collections.Counter[int] = field(default_factory=collections.Counter)  # lines collapsed, per task
     seq: int = 0
 
     def add(self, index: int, host: str, lines: list[str], now: float) -> None:

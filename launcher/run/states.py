@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+from typing import TypedDict
 
 from worker.host.protocol import EXIT_PREEMPTED
 
 
 class Word(str, enum.Enum):
     """An enum whose members read as their words (in the record, on screen)."""
+
+    _value_: str
 
     def __str__(self) -> str:
         return self.value
@@ -43,6 +46,28 @@ class AttemptPhase(Word):
     EPOCH_TOLD = "epoch_told"
     ESTIMATED = "estimated"  # the names of its figures that are estimates, not measured
     UNPRINTED = "epochs_unprinted"  # a restart's: epochs saved before it whose lines never reached the launcher
+
+
+class Figures(TypedDict, total=False):
+    """An attempt's phases as its record keeps them, one key per AttemptPhase (launcher.run.phases computes them;
+    epoch_told only travels from an attempt's end to the next one's phases, it is not recorded)."""
+
+    failed_at: float  # a unix time: when the failure that ended the attempt before happened
+    detected_s: float
+    teardown_s: float
+    copy_s: float
+    copy_bytes: int
+    spawn_s: float
+    warm_tasks: int
+    first_step_s: float
+    took_s: float
+    resumed_step: int
+    reached_step: int
+    steps_redone: int
+    back_s: float
+    epoch_told: int
+    estimated: list[str]
+    epochs_unprinted: list[int]
 
 
 class TaskState(Word):

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from launcher.engines.base import TaskCheck
 from launcher.run.record import RunRecord
+from launcher.run.view import Snapshot
 
 SHORT = 40  # characters of a problem in the preflight table
 HOSTS_NAMED = 6  # hosts named in a problem's paragraph, then a count
@@ -126,7 +127,7 @@ def fit(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, 
     return _table(columns, _chosen(columns, needs, width, 4), rows, title, False, 2)
 
 
-def _num(v, f="{}"):
+def _num(v: object, f: str = "{}") -> str:
     return "" if v is None else f.format(v)
 
 
@@ -141,8 +142,7 @@ def summary(run: RunRecord, width: int = 80) -> Table:
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
     final = set(run.attempts[-1].tasks) if run.attempts else {t.index for t in run.tasks}  # after a shrink: fewer
-    replicas = next((t.progress["replicas"] for t in run.tasks
-                     if t.index in final and (t.progress or {}).get("replicas")), None)
+    replicas = next((n for t in run.tasks if t.index in final and (n := (t.progress or {}).get("replicas"))), None)
     title = f"run {run.run_id}: {run.state}" + (f", {replicas} replicas in sync" if replicas else "")
     table = fit(cols, rows, width, title)
     if not any(c.header == "metrics" for c in table.columns):  # no room beside the rest: below it
@@ -166,7 +166,7 @@ def fixed(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int
     return _table(columns, _chosen(columns, needs, width, 1), rows, title, True, 1)
 
 
-def _of(done, total) -> str:
+def _of(done: int | None, total: int | None) -> str:
     """`3/22`, or `3` when the total is not known; blank before the first epoch (starting)."""
     return "" if done is None else f"{done}/{total}" if total else str(done)
 
@@ -176,7 +176,7 @@ def _age(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds:.1f} s ago" if seconds < 100 else f"{seconds:.0f} s ago"
 
 
-def status_rows(snap: dict) -> list[list[str]]:
+def status_rows(snap: Snapshot) -> list[list[str]]:
     rows = []
     for t in snap["tasks"]:
         begun = bool(t["epoch"])  # epoch 0: TensorFlow still starting, no step yet
@@ -185,11 +185,15 @@ def status_rows(snap: dict) -> list[list[str]]:
                      _of(t["step"], t.get("steps_per_epoch")) if begun else "",
                      _num(t["loss"], "{:.4f}"), _age(t["heartbeat_age"]),
                      _num(t["samples_per_sec"], "{:.0f}"), _num(t["cpu_percent"]),
-                     _num(t["rss"] and t["rss"] // 2**20)])
+                     _num(_mib(t["rss"]))])
     return rows
 
 
-def status_table(snap: dict, width: int) -> Table:
+def _mib(rss: object) -> object:
+    return rss // 2**20 if isinstance(rss, (int, float)) and rss else rss
+
+
+def status_table(snap: Snapshot, width: int) -> Table:
     return fixed(STATUS_COLUMNS, status_rows(snap), width, f"run {snap['run_id']}: {snap['state']}")
 
 
@@ -201,60 +205,76 @@ def left_out(table: Table, width: int) -> str | None:
             "'status --json' has every field)") if names else None
 
 
-def status_plain(snap: dict) -> str:
+def status_plain(snap: Snapshot) -> str:
     """For pipes: every column, nothing cut, one line per task (`status | grep failed` works)."""
     names = [c[0].replace(" ", "_") for c in STATUS_COLUMNS]
     rows = [[v or "-" for v in r] for r in status_rows(snap)]
     widths = [max(len(n), *(len(r[i]) for r in rows)) if rows else len(n) for i, n in enumerate(names)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     head = f"run {snap['run_id']}: {snap['state']}"
     return "\n".join([head, line(names), *(line(r) for r in rows)])
 
 
-def _split_lines(snap: dict) -> list[str]:
+def _split_lines(snap: Snapshot) -> list[str]:
     """The replicas in sync, the step split per task, and the straggler, for the plain and rich views."""
     replicas = next((t["replicas"] for t in snap["tasks"] if t.get("replicas")), None)
     head = [f"replicas in sync: {replicas} over {len(snap['tasks'])} worker(s)"] if replicas else []
     parts = [f"task {t['index']} {t['compute_ms']:.1f} / {t['wait_ms']:.1f}" for t in snap["tasks"]
              if isinstance(t.get("compute_ms"), (int, float)) and isinstance(t.get("wait_ms"), (int, float))]
     lines = head + ([f"ms per step, own work / waiting: {', '.join(parts)}"] if parts else [])
-    if snap.get("straggler"):
-        lines.append(f"straggler: task {snap['straggler']['task']} ({snap['straggler']['ratio']:.2f}x the median "
+    straggler = snap.get("straggler")
+    if straggler:
+        lines.append(f"straggler: task {straggler['task']} ({straggler['ratio']:.2f}x the median "
                      "of the others' own work per step)")
     return lines
 
 
-def _standby_line(snap: dict) -> str | None:
+def _standby_line(snap: Snapshot) -> str | None:
     """Each task's standby (launcher.engines.supervised.standbys) and the memory they hold together."""
-    held = [(t["index"], t["standby"]) for t in snap["tasks"] if t.get("standby")]
+    held = [(t["index"], s, _memory(s)) for t in snap["tasks"] if (s := t.get("standby"))]
     if not held:
         return None
     parts = [f"task {i} {'ready' if s.get('ready') else 'importing'}"
-             + (f" ({s['memory'] // 2**20} MB)" if isinstance(s.get("memory"), int) else "") for i, s in held]
-    total = sum(s["memory"] for _, s in held if isinstance(s.get("memory"), int))
+             + (f" ({memory // 2**20} MB)" if memory is not None else "") for i, s, memory in held]
+    total = sum(memory for _, _, memory in held if memory is not None)
     return f"standbys for attempt {held[0][1].get('attempt')}: {', '.join(parts)}; {total / 2**20:.0f} MB in all"
 
 
-def _job_line(snap: dict) -> str | None:
+def _memory(standby: dict[str, object]) -> int | None:
+    memory = standby.get("memory")
+    return memory if isinstance(memory, int) else None
+
+
+def _job_line(snap: Snapshot) -> str | None:
     job = snap.get("job")
-    if not job:
+    if not job or not isinstance(job, dict):
         return None
     reason = f" ({job['reason']})" if job.get("reason") else ""
     return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
 
 
-def render(snap: dict, width: int):
+def render(snap: Snapshot, width: int) -> Group:
     """`status` on a terminal: the table, then the lines below it, wrapped at its width (a `--watch` frame
     would cut them there)."""
     table = status_table(snap, width)
     lines = [left_out(table, width), _job_line(snap), _standby_line(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
-    lines += _split_lines(snap) + [snap["failure"] and snap["failure"]["message"]]
+    lines += _split_lines(snap) + [_failure_words(snap)]
     return Group(table, *(Text(line, no_wrap=False, overflow="fold") for line in lines if line))
 
 
-def plain(snap: dict) -> str:
+def plain(snap: Snapshot) -> str:
     """`status` piped: plain columns, then the same lines."""
     lines = [status_plain(snap), *filter(None, [_job_line(snap), _standby_line(snap)]), *_split_lines(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
-    return "\n".join(lines + ([snap["failure"]["message"]] if snap["failure"] else []))
+    failure = _failure_words(snap)
+    return "\n".join(lines + ([failure] if failure is not None else []))
+
+
+def _failure_words(snap: Snapshot) -> str | None:
+    """The run's failure, as its paragraph (Failure.to_json's message)."""
+    message = snap["failure"]["message"] if snap["failure"] else None
+    return message if isinstance(message, str) else None

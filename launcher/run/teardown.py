@@ -7,7 +7,7 @@ import queue
 import time
 from typing import Callable
 
-from launcher.engines.base import Inspecting, Launching, Result
+from launcher.engines.base import Inspecting, Launching, ProbeRow, Result
 from launcher.run import watch
 from launcher.run.attempt import LiveAttempt
 from launcher.run.record import RunRecord
@@ -69,7 +69,7 @@ def teardown(engine: Launching, run: RunRecord, live: LiveAttempt, reason: str, 
     return unreached
 
 
-def from_folders(engine: Launching, indices: list[int]) -> list[Result[dict]]:
+def from_folders(engine: Launching, indices: list[int]) -> list[Result[ProbeRow]]:
     """The Inspecting role stops tasks with no live handle; an engine without it reaches none."""
     if isinstance(engine, Inspecting):
         return engine.stop_from_folders(indices)

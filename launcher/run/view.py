@@ -6,17 +6,90 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING, TypedDict
 
+from launcher.engines.base import ProbeRow, Result
 from launcher.run import phases, record
-from launcher.run.progress import typed
-from launcher.run.states import RunState, TaskState, end_state
+from launcher.run.progress import Progress, typed
+from launcher.run.states import Figures, RunState, TaskState, end_state
 from worker.host.protocol import ProgressState
+
+if TYPE_CHECKING:
+    from launcher.diagnose.straggler import StragglerJson
 
 EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.STOPPED)  # known from its exit
 STARTING = "starting"  # shown, never recorded: a running task before its first step (shown_state)
 
 
-def _task_state(row: dict) -> TaskState:
+class TaskRow(TypedDict):
+    """A task as `status --json` shows it; pid, exit_code, cpu_percent, rss and gpus as its host's probe said them
+    (worker.task.probe), else as the record has them."""
+
+    index: int
+    host: str
+    port: int
+    pid: object
+    state: str
+    exit_code: object
+    attempt: int
+    epoch: int | None
+    epochs: int | None
+    step: int | None
+    steps_per_epoch: int | None
+    global_step: int | None
+    loss: float | None
+    metrics: dict[str, float]
+    samples_per_sec: float | None
+    compute_ms: float | None
+    wait_ms: float | None
+    replicas: int | None
+    heartbeat_age: float | None
+    cpu_percent: object
+    rss: object
+    gpus: object
+    run_dir: str
+    standby: dict[str, object] | None
+    warm: bool
+    error: str | None
+
+
+class AttemptRow(TypedDict):
+    number: int
+    tasks: list[int]
+    outcome: str | None
+    reason: str | None
+    failure: dict[str, object] | None
+    started_at: float
+    ended_at: float | None
+    phases: Figures
+
+
+class _Snapshot(TypedDict):
+    run_id: str
+    state: str
+    attempt: int
+    restarts: int
+    preemptions: int
+    hosts_lost: list[int]
+    failure: dict[str, object] | None
+    start: dict[str, object] | None
+    agent_pid: int | None
+    launcher_alive: bool
+    detached: bool
+    engine: str
+    attempts: list[AttemptRow]
+    tasks: list[TaskRow]
+    straggler: StragglerJson | None
+    job: object  # a scheduler's job as its engine's probe said it
+
+
+class Snapshot(_Snapshot, total=False):
+    """A run as `status --json` shows it (snapshot())."""
+
+    unrecorded: str | None  # `status`'s: what the record could not be told (commands.recorded)
+
+
+def _task_state(row: ProbeRow) -> TaskState:
     if row.get("alive"):
         return TaskState.RUNNING
     if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
@@ -25,7 +98,7 @@ def _task_state(row: dict) -> TaskState:
     return end_state(TaskState.RUNNING, code, notice=False, lost=code is None)
 
 
-def shown_state(state: TaskState, progress: dict) -> str:
+def shown_state(state: TaskState, progress: Progress) -> str:
     """A task's state as `status`, `--json`, the page and /metrics show it: `starting` for a running task whose
     training says it has trained no step yet (importing, joining its group; its progress, typed), else the
     recorded state. A command that writes no progress.json is `running` from its start."""
@@ -38,7 +111,7 @@ def shown_state(state: TaskState, progress: dict) -> str:
     return str(state)
 
 
-def task_now(recorded: TaskState, row: dict | None) -> TaskState:
+def task_now(recorded: TaskState, row: ProbeRow | None) -> TaskState:
     """A task's state from its record and what its host says now: an end the record took from the task's exit
     report stands (a preempted task killed at the end of its grace has exit code -9 on its host); the host
     moves a task not known to have exited, or one it sees running."""
@@ -48,15 +121,15 @@ def task_now(recorded: TaskState, row: dict | None) -> TaskState:
     return recorded if recorded in EXITED and seen != TaskState.RUNNING else seen
 
 
-def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
+def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None) -> Snapshot:
     """The run as `status --json` shows it: its record, merged with what each host says when probed."""
     now = time.time()
     until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
     alive = record.launcher_alive(run)
-    tasks = []
+    tasks: list[TaskRow] = []
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
-        row = res.value if res is not None and res.ok else {}
+        row: ProbeRow = res.value if res is not None and res.ok and res.value is not None else {}
         progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
         state = shown_state(t.state if run.ended else task_now(t.state, row), progress)
         code = row.get("exit_code")
@@ -91,10 +164,10 @@ def snapshot(run: record.RunRecord, probes: list | None = None) -> dict:
                          for a in run.attempts],
             "tasks": tasks, "straggler": straggler_json(tasks),
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
-            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value.get("job")), None)}
+            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value and r.value.get("job")), None)}
 
 
-def straggler_json(tasks: list[dict]) -> dict | None:
+def straggler_json(tasks: list[TaskRow]) -> StragglerJson | None:
     from launcher.diagnose.straggler import find
 
     found = find({t["index"]: t["compute_ms"] for t in tasks})

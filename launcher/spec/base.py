@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Iterable, Mapping, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,12 +35,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def nul_at(data, where: str = "") -> str | None:
+def nul_at(data: object, where: str = "") -> str | None:
     """The key path of the first string (key or value) in `data` that holds a NUL, or None. A NUL reaches
     no process (not in an argument, a path, nor the environment), so no spec value may hold one."""
     if isinstance(data, str):
         return where if "\x00" in data else None
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    items: Iterable[tuple[object, object]] = (data.items() if isinstance(data, dict) else enumerate(data)
+                                               if isinstance(data, list) else ())
     for key, value in items:
         path = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
         if isinstance(key, str) and "\x00" in key:
@@ -55,10 +56,13 @@ def _no_control(value: str) -> bool:
     return not any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
-def env_names(env):
+Env = TypeVar("Env", bound=Optional[Mapping[str, object]])
+
+
+def env_names(env: Env) -> Env:
     """An env table's names must be variable names, none of those the launcher sets itself (worker.host.env's
     OWNED; the values: any text, NULs refused spec-wide)."""
-    for key, value in (env or {}).items():
+    for key, value in (env.items() if env is not None else ()):
         if not EnvName.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         owned = owner(key, value if isinstance(value, str) else "")

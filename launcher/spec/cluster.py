@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, TypeAdapter, field_validator, model_validator
 
 from launcher.spec.base import (DEVICES_MAX, LOCAL_ADDRESSES, WEEK_S, Count, CpuIndex, Devices, Entrypoint, GpuIndex,
                                Port, Restarts, Seconds, _Model, _no_control, env_names, nul_at)
@@ -30,7 +30,7 @@ class HostOptions(_Model):
 
     @field_validator("gpus", mode="before")
     @classmethod
-    def _gpus(cls, value):
+    def _gpus(cls, value: object) -> object:
         ok = value is None or value in ("all", "none") or (
             isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < DEVICES_MAX
                                             for i in value)
@@ -45,14 +45,14 @@ class HostOptions(_Model):
 
     @field_validator("name", "user", "python", "workdir", "identity_file")
     @classmethod
-    def _not_empty(cls, value):
+    def _not_empty(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
         return value
 
     @field_validator("name", "user")
     @classmethod
-    def _one_line(cls, value):  # shown in every line of output (paths may hold any character but NUL)
+    def _one_line(cls, value: str | None) -> str | None:  # shown in every line of output (paths may hold any character but NUL)
         if value is not None and not _no_control(value):
             raise ValueError(f"{value!r} holds a control character; it must be one line of plain text")
         return value
@@ -64,7 +64,7 @@ class Host(HostOptions):
 
     @field_validator("address")
     @classmethod
-    def _address(cls, value):
+    def _address(cls, value: str) -> str:
         if not value.strip() or any(c.isspace() for c in value) or not _no_control(value):
             raise ValueError("must be a host name or IP address without spaces or control characters")
         return value
@@ -107,13 +107,13 @@ class Training(_Model):
 
     @field_validator("entrypoint")
     @classmethod
-    def _entrypoint(cls, value):
+    def _entrypoint(cls, value: str | None) -> str | None:
         if value is not None and not Entrypoint.match(value):
             raise ValueError(f"{value!r} is not of the form 'package.module:function'")
         return value
 
     @model_validator(mode="after")
-    def _one_of(self):
+    def _one_of(self) -> Training:
         if (self.entrypoint is None) == (self.command is None):
             raise ValueError("set exactly one of 'entrypoint' (built-in runner) or 'command' (your own program)")
         jax = self.backend is Backend.JAX  # where the builder gives a command local_replicas too (XLA_FLAGS)
@@ -149,10 +149,15 @@ class Launch(_Model):
         return min(max(self.heartbeat_timeout, 10.0), 120.0)
 
 
-class ClusterSpec(_Model):
-    hosts: Optional[list[Host]] = Field(default=None, min_length=1)
-    slurm: Optional[Slurm] = None
-    kubernetes: Optional[Kubernetes] = None
+ENGINE_TABLES = ("hosts", "slurm", "kubernetes")  # exactly one of them says where the tasks run
+ONE_ENGINE = ("set exactly one of [[hosts]] (the machines to train on, named here), [slurm] (a Slurm cluster that picks "
+              "the nodes) or [kubernetes] (a JobSet to apply); see cluster.example.toml, cluster.slurm.toml and "
+              "cluster.k8s.toml")
+
+
+class _Spec(_Model):
+    """What every spec holds, whichever engine runs it: the training, the launch's settings, files to sync."""
+
     defaults: HostOptions = HostOptions()
     training: Training
     launch: Launch = Launch()
@@ -165,9 +170,13 @@ class ClusterSpec(_Model):
         and a relative workdir is relative to it. None for a spec not read from a file."""
         return self._folder
 
+    @property
+    def num_workers(self) -> int:
+        raise NotImplementedError
+
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data):
+    def _no_nul(cls, data: object) -> object:
         where = nul_at(data)
         if where is not None:
             where = where.replace("\x00", "\\x00")  # a key may hold it too
@@ -175,37 +184,38 @@ class ClusterSpec(_Model):
                              "argument, a path nor the environment); remove it")
         return data
 
-    @model_validator(mode="after")
-    def _one_engine(self):
-        """Exactly one of [[hosts]] (machines named here), [slurm] (nodes Slurm picks), [kubernetes]."""
-        if sum(x is not None for x in (self.hosts, self.slurm, self.kubernetes)) != 1:
-            raise ValueError("set exactly one of [[hosts]] (the machines to train on, named here), [slurm] "
-                             "(a Slurm cluster that picks the nodes) or [kubernetes] (a JobSet to apply); see "
-                             "cluster.example.toml, cluster.slurm.toml and cluster.k8s.toml")
-        table = "slurm" if self.slurm is not None else "kubernetes" if self.kubernetes is not None else None
-        if table is not None:
-            shared = ("[slurm].workdir is shared by every node already" if table == "slurm"
-                      else "put the files in the image, or on the volume_claim")
-            for key, why in (("defaults", f"set python and env in [{table}]"), ("sync", shared)):
-                if key in self.model_fields_set:
-                    raise ValueError(f"{key}: not used with [{table}] ({why})")
-            if self.launch.min_hosts is not None:
-                raise ValueError(f"launch.min_hosts: elastic runs work with [[hosts]] only, not with [{table}]")
-        k8s = self.kubernetes
-        for key in sorted(self.launch.model_fields_set & set(K8S_NOT_LAUNCH)) if k8s is not None else ():
+
+class _Scheduled(_Spec):
+    """A spec whose nodes or pods a scheduler picks: no [defaults], no sync, no elastic group."""
+
+    def _scheduled(self, table: str, sched: Slurm | Kubernetes) -> None:
+        shared = ("[slurm].workdir is shared by every node already" if table == "slurm"
+                  else "put the files in the image, or on the volume_claim")
+        for key, why in (("defaults", f"set python and env in [{table}]"), ("sync", shared)):
+            if key in self.model_fields_set:
+                raise ValueError(f"{key}: not used with [{table}] ({why})")
+        if self.launch.min_hosts is not None:
+            raise ValueError(f"launch.min_hosts: elastic runs work with [[hosts]] only, not with [{table}]")
+        for key in sorted(self.launch.model_fields_set & set(K8S_NOT_LAUNCH)) if table == "kubernetes" else ():
             raise ValueError(f"launch.{key}: not used with [kubernetes] ({K8S_NOT_LAUNCH[key]})")
-        sched = self.slurm or k8s
-        problem = sched and scheduler_problems(sched, self.training.local_replicas, self.training.checkpoint_dir,
-                                               self.training.entrypoint is not None)
+        problem = scheduler_problems(sched, self.training.local_replicas, self.training.checkpoint_dir,
+                                     self.training.entrypoint is not None)
         if problem:
             raise ValueError(problem)
-        return self
+
+
+class HostsSpec(_Spec):
+    """[[hosts]]: the machines named here (local processes for localhost, SSH for the rest)."""
+
+    hosts: list[Host] = Field(min_length=1)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.hosts)
 
     @model_validator(mode="after")
-    def _apply_defaults(self):
+    def _apply_defaults(self) -> HostsSpec:
         """Fill each host's missing keys from [defaults]; env tables merge, the host winning."""
-        if self.hosts is None:
-            return self
         defaults = self.defaults.model_dump(exclude_none=True)
         hosts = []
         for host in self.hosts:
@@ -217,9 +227,7 @@ class ClusterSpec(_Model):
         return self
 
     @model_validator(mode="after")
-    def _unique_tasks(self):
-        if self.hosts is None:
-            return self
+    def _unique_tasks(self) -> HostsSpec:
         seen: dict[tuple[str, int], int] = {}
         for i, host in enumerate(self.hosts):
             key = (host.address, host.port)
@@ -241,8 +249,45 @@ class ClusterSpec(_Model):
                 names[host.name] = i
         return self
 
+
+class SlurmSpec(_Scheduled):
+    """[slurm]: one task per node of a job that Slurm places."""
+
+    slurm: Slurm
+
     @property
     def num_workers(self) -> int:
-        if self.kubernetes is not None:
-            return self.kubernetes.workers
-        return self.slurm.nodes if self.slurm is not None else len(self.hosts)
+        return self.slurm.nodes
+
+    @model_validator(mode="after")
+    def _fits(self) -> SlurmSpec:
+        self._scheduled("slurm", self.slurm)
+        return self
+
+
+class KubernetesSpec(_Scheduled):
+    """[kubernetes]: one pod per task of a JobSet we render."""
+
+    kubernetes: Kubernetes
+
+    @property
+    def num_workers(self) -> int:
+        return self.kubernetes.workers
+
+    @model_validator(mode="after")
+    def _fits(self) -> KubernetesSpec:
+        self._scheduled("kubernetes", self.kubernetes)
+        return self
+
+
+# The spec, by the table that says where its tasks run; each engine takes its own kind (launcher.engines).
+ClusterSpec = Union[HostsSpec, SlurmSpec, KubernetesSpec]
+SPEC_KINDS: dict[str, type[HostsSpec] | type[SlurmSpec] | type[KubernetesSpec]] = {
+    "hosts": HostsSpec, "slurm": SlurmSpec, "kubernetes": KubernetesSpec}
+
+
+def spec_schema() -> dict[str, object]:
+    """The JSON Schema of cluster.toml (for editors): one of the three kinds."""
+    schema: dict[str, object] = TypeAdapter(ClusterSpec).json_schema()
+    schema["title"] = "ClusterSpec"
+    return schema

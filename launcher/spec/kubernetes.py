@@ -7,7 +7,7 @@ import importlib
 import re
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from launcher.spec.base import INT32_MAX, SECRET, Devices, Port, _Model, _no_control, env_names
 from worker.host import layout
@@ -61,7 +61,9 @@ def name_from(stem: str, workers: int) -> str:
 
 def quantity(text: str) -> float:
     """The value of a quantity that K8sQuantity matched (inf where a float cannot hold it)."""
-    number, suffix = K8sQuantity.match(text).group(1, 3)
+    matched = K8sQuantity.match(text)
+    assert matched is not None  # K8sQuantity matched it when the spec was read
+    number, suffix = matched.group(1, 3)
     if suffix in _SCALE:
         return float(number) * _SCALE[suffix]
     return float(number + (suffix or ""))  # no suffix, or a decimal exponent: 1e3
@@ -104,7 +106,7 @@ _VALID = re.compile(r"Valid values are ([A-Za-z, ]+)\.")  # JobSet's: Valid valu
 _PATTERN = re.compile(r'must match the regular expression "(\^[^"]+\x24)"')  # a searched text: \x24 is "$"
 
 
-def _diff(a, b, path: str = "") -> list[str]:
+def _diff(a: object, b: object, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
@@ -121,10 +123,8 @@ def _allowed(description: str | None) -> list[str] | None:
     return [v.strip().removeprefix("and ").strip() for v in found.group(1).split(",")] if found else None
 
 
-def _values(model, path: str = "") -> list[str]:
+def _values(model: BaseModel, path: str = "") -> list[str]:
     """Strings of `model` (walked whole) that its fields' descriptions do not allow."""
-    from pydantic import BaseModel
-
     problems = []
     for name, field in type(model).model_fields.items():
         value, where = getattr(model, name), f"{path}.{field.alias or name}"
@@ -142,19 +142,20 @@ def _values(model, path: str = "") -> list[str]:
     return problems
 
 
-def model_problems(model: type, data: Any) -> list[str]:
+def model_problems(model: Any, data: Any) -> list[str]:  # Any: kubeflow_trainer_api has no types
     """What the published model `model` (kubeflow-trainer-api's pydantic models of JobSet and Kubernetes) does
     not take of `data`, an object as Kubernetes spells it: a field it does not know (dropped by the round
     trip), a value of the wrong type, a string outside the values or pattern its description lists."""
     try:
         found = model.from_dict(data)
-    except ValueError as exc:  # pydantic's ValidationError
-        errors = exc.errors() if hasattr(exc, "errors") else []
-        return [f"{'.'.join(map(str, e['loc'])) or '(the object)'}: {e['msg']}" for e in errors] or [str(exc)]
+    except ValidationError as exc:
+        return [f"{'.'.join(map(str, e['loc'])) or '(the object)'}: {e['msg']}" for e in exc.errors()] or [str(exc)]
+    except ValueError as exc:  # the model's own check
+        return [str(exc)]
     return _diff(data, found.to_dict()) + _values(found)
 
 
-def core_model(name: str) -> type | None:
+def core_model(name: str) -> Any:  # Any: a kubeflow_trainer_api model class (no types), or None
     """Kubernetes' model io.k8s.api.core.v1.<name> (e.g. "Affinity"), or None where the [kubernetes] extra is
     not installed (then `render` says so, and checks the whole manifest)."""
     module = "io_k8s_api_core_v1_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
@@ -217,11 +218,11 @@ class Toleration(_Model):
 
     @field_validator("key")
     @classmethod
-    def _key(cls, value):
+    def _key(cls, value: str | None) -> str | None:
         return value if value is None else qualified_name(value, "a taint")
 
     @model_validator(mode="after")
-    def _fits(self):
+    def _fits(self) -> Toleration:
         exists = self.operator == TolerationOperator.EXISTS
         if self.key is None and not exists:
             raise ValueError("a toleration with no key tolerates every taint and needs operator = \"Exists\"")
@@ -245,7 +246,7 @@ class SecretKey(_Model):
 
     @field_validator("key")
     @classmethod
-    def _key(cls, value):
+    def _key(cls, value: str) -> str:
         if not SecretKeyName.match(value):
             raise ValueError(f"{value!r} is not a key of a Secret (letters, digits, '-', '_' and '.', at most 253)")
         return value
@@ -261,7 +262,7 @@ class Nfs(_Model):
 
     @field_validator("server")
     @classmethod
-    def _server(cls, value):
+    def _server(cls, value: str) -> str:
         if not value.strip() or not _no_control(value) or " " in value:
             raise ValueError(f"{value!r} is not a server name or address")
         return value
@@ -284,7 +285,7 @@ class Volume(_Model):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, value):
+    def _name(cls, value: str) -> str:
         if not K8sName.match(value):
             raise ValueError(f"{value!r} is not a volume name (a DNS label: at most 63 lower-case letters, digits "
                              "and '-')")
@@ -298,31 +299,31 @@ class Volume(_Model):
 
     @field_validator("sub_path")
     @classmethod
-    def _sub_path(cls, value):
+    def _sub_path(cls, value: str | None) -> str | None:
         if value is not None and (value.startswith("/") or ".." in value.split("/") or not _no_control(value)):
             raise ValueError(f"{value!r} is not a folder inside the volume (relative, no '..')")
         return value
 
     @field_validator("claim", "config_map", "secret")
     @classmethod
-    def _object(cls, value, info):
-        what = {"claim": "a PersistentVolumeClaim", "config_map": "a ConfigMap", "secret": "a Secret"}[info.field_name]
+    def _object(cls, value: str | None, info: ValidationInfo) -> str | None:
+        what = {"claim": "a PersistentVolumeClaim", "config_map": "a ConfigMap", "secret": "a Secret"}[str(info.field_name)]
         return value if value is None else _object_name(value, what)
 
     @field_validator("empty_dir")
     @classmethod
-    def _size(cls, value):
+    def _size(cls, value: bool | str | None) -> bool | str | None:
         return _quantity(value, "memory") if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> Volume:
         given = [k for k in VOLUME_SOURCES if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(f"volume {self.name!r}: give exactly one source of {', '.join(VOLUME_SOURCES)} "
                              f"({', '.join(given) or 'none'} given)")
         return self
 
-    def source(self) -> dict:
+    def source(self) -> dict[str, dict[str, object]]:
         """The volume's source as Kubernetes spells it."""
         if self.claim:
             read_only = {"readOnly": True} if self.read_only else {}
@@ -338,9 +339,9 @@ class Volume(_Model):
             return {"configMap": {"name": self.config_map}}
         return {"secret": {"secretName": self.secret}}
 
-    def mounted(self) -> dict:
+    def mounted(self) -> dict[str, object]:
         """The container's volumeMount of this volume."""
-        extra = {"readOnly": True} if self.read_only else {}
+        extra: dict[str, object] = {"readOnly": True} if self.read_only else {}
         extra.update({"subPath": self.sub_path} if self.sub_path else {})
         return {"name": self.name, "mountPath": self.mount, **extra}
 
@@ -378,7 +379,7 @@ class Kubernetes(_Model):
 
     @field_validator("name")
     @classmethod
-    def _jobset_name(cls, value):
+    def _jobset_name(cls, value: str | None) -> str | None:
         if value is not None and not Dns1035.match(value):
             raise ValueError(f"{value!r} is not a JobSet name: lower-case letters, digits and '-', starting with a "
                              "letter and ending with a letter or digit")
@@ -386,21 +387,21 @@ class Kubernetes(_Model):
 
     @field_validator("namespace")
     @classmethod
-    def _name(cls, value):
+    def _name(cls, value: str) -> str:
         if not K8sName.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes namespace (at most 63 lower-case letters, digits and '-')")
         return value
 
     @field_validator("volume_claim", "service_account", "priority_class")
     @classmethod
-    def _object(cls, value, info):
+    def _object(cls, value: str | None, info: ValidationInfo) -> str | None:
         what = {"volume_claim": "a PersistentVolumeClaim", "service_account": "a ServiceAccount",
-                "priority_class": "a PriorityClass"}[info.field_name]
+                "priority_class": "a PriorityClass"}[str(info.field_name)]
         return value if value is None else _object_name(value, what)
 
     @field_validator("image_pull_secrets")
     @classmethod
-    def _pull_secrets(cls, value):
+    def _pull_secrets(cls, value: list[str] | None) -> list[str] | None:
         for i, name in enumerate(value or ()):
             if not K8sSubdomain.match(name):
                 raise ValueError(f"[{i}] {name!r} is not a Secret name (lower-case letters, digits, '-' and '.')")
@@ -408,17 +409,17 @@ class Kubernetes(_Model):
 
     @field_validator("cpu", "memory")
     @classmethod
-    def _quantity(cls, value, info):
-        return value if value is None else _quantity(value, info.field_name)
+    def _quantity(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if value is None else _quantity(value, info.field_name or "")
 
     @field_validator("shm")
     @classmethod
-    def _shm(cls, value):
+    def _shm(cls, value: bool | str) -> bool | str:
         return _quantity(value, "shm") if isinstance(value, str) else value
 
     @field_validator("image", "python", "workdir")
     @classmethod
-    def _text(cls, value, info):
+    def _text(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip() or not _no_control(value) or value != value.strip():
             raise ValueError("must be one line of text, with no space at either end")
         if info.field_name == "workdir" and not value.startswith("/"):
@@ -427,7 +428,7 @@ class Kubernetes(_Model):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, env):
+    def _env(cls, env: dict[str, str] | None) -> dict[str, str] | None:
         for name in env_names(env) or {}:
             _not_pods(name)
             if SECRET.search(name):
@@ -439,14 +440,14 @@ class Kubernetes(_Model):
 
     @field_validator("secret_env")
     @classmethod
-    def _secret_env(cls, env):
+    def _secret_env(cls, env: dict[str, SecretKey] | None) -> dict[str, SecretKey] | None:
         for name in env_names(env) or ():
             _not_pods(name)
         return env
 
     @field_validator("resources")
     @classmethod
-    def _resources(cls, value):
+    def _resources(cls, value: dict[str, int | str] | None) -> dict[str, int | str] | None:
         for key, amount in (value or {}).items():
             qualified_name(key, "a resource")
             if key in OWN_RESOURCES:
@@ -464,17 +465,17 @@ class Kubernetes(_Model):
 
     @field_validator("affinity")
     @classmethod
-    def _affinity(cls, value):
+    def _affinity(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:  # Any: Kubernetes' own
         return value if value is None else as_kubernetes(value, "Affinity")
 
     @field_validator("topology_spread_constraints")
     @classmethod
-    def _spread(cls, value):
+    def _spread(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:  # Any: Kubernetes' own
         return value if value is None else as_kubernetes(value, "TopologySpreadConstraint")
 
     @field_validator("labels", "node_selector")
     @classmethod
-    def _labels(cls, value, info):
+    def _labels(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
         for key, text in (value or {}).items():
             qualified_name(key, "a label")
             label_value(text, key)
@@ -484,7 +485,7 @@ class Kubernetes(_Model):
 
     @field_validator("annotations")
     @classmethod
-    def _annotations(cls, value):
+    def _annotations(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key in value or {}:
             qualified_name(key, "an annotation")
         if sum(len(k.encode()) + len(v.encode()) for k, v in (value or {}).items()) > ANNOTATIONS_MAX:
@@ -492,13 +493,14 @@ class Kubernetes(_Model):
         return value
 
     @model_validator(mode="after")
-    def _fits(self):
+    def _fits(self) -> Kubernetes:
         both = sorted(set(self.env or {}) & set(self.secret_env or {}))
         if both:
             raise ValueError(f"env and secret_env both set {', '.join(both)}: keep one")
         own = {RUNS_VOLUME: layout.mgpu_dir(self.workdir)} if self.volume_claim else {}
         own.update({SHM_VOLUME: "/dev/shm"} if self.shm is not False else {})
-        names, mounts = set(), {path: f"{key} (volume_claim)" if key == RUNS_VOLUME else f"{key} (shm)"
+        names: set[str] = set()
+        mounts = {path: f"{key} (volume_claim)" if key == RUNS_VOLUME else f"{key} (shm)"
                                 for key, path in own.items()}
         for volume in self.volumes or ():
             if volume.name in names:

@@ -45,7 +45,7 @@ class Slurm(_Model):
 
     @field_validator("workdir")
     @classmethod
-    def _workdir(cls, value):
+    def _workdir(cls, value: str) -> str:
         if not value.strip() or not _no_control(value):
             raise ValueError("must be a folder path (no control characters)")
         if not (value.startswith("/") or value.startswith("~")):
@@ -55,21 +55,21 @@ class Slurm(_Model):
 
     @field_validator("python")
     @classmethod
-    def _python(cls, value):
+    def _python(cls, value: str) -> str:
         if not value.strip() or not _no_control(value):
             raise ValueError("must be the interpreter's name or path on the nodes, e.g. \"python3\"")
         return value
 
     @field_validator("partition")
     @classmethod
-    def _partition(cls, value):
+    def _partition(cls, value: str | None) -> str | None:
         if value is not None and not SlurmName.match(value):
             raise ValueError(f"{value!r} is not a partition name (letters, digits, '_', '.', '-')")
         return value
 
     @field_validator("time")
     @classmethod
-    def _time(cls, value):
+    def _time(cls, value: str | None) -> str | None:
         if value is not None and not (SlurmTime.match(value) and slurm_seconds(value) <= SLURM_TIME_MAX_S):
             raise ValueError(f"{value!r} is not a Slurm time limit: use minutes (\"30\"), \"hours:minutes:seconds\" "
                              "(\"2:00:00\") or \"days-hours:minutes:seconds\" (\"1-12:00:00\"), at most 365 days "
@@ -78,7 +78,7 @@ class Slurm(_Model):
 
     @field_validator("sbatch")
     @classmethod
-    def _sbatch(cls, value):
+    def _sbatch(cls, value: list[str]) -> list[str]:
         for i, opt in enumerate(value):
             if not _no_control(opt) or not opt.strip():
                 raise ValueError(f"[{i}] {opt!r}: an option must be one line of text")

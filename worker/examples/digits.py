@@ -6,10 +6,18 @@ in a few seconds on CPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from worker.training.entrypoint import DataContext, Task
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
-def load(test_fraction: float = 0.2, seed: int = 0):
+    Split = tuple[NDArray[np.float32], NDArray[np.int64]]  # (images, labels)
+
+
+def load(test_fraction: float = 0.2, seed: int = 0) -> tuple[Split, Split]:
     """((x_train, y_train), (x_test, y_test)): images as (N, 8, 8, 1) float32 in [0, 1]."""
     import numpy as np
     from sklearn.datasets import load_digits
@@ -23,7 +31,8 @@ def load(test_fraction: float = 0.2, seed: int = 0):
     return (x_train, y_train), (x_test, y_test)
 
 
-def build_model(keras=None):
+# Any: the Keras module and model (tf_keras and keras have no types)
+def build_model(keras: Any = None) -> Any:
     """The small CNN; `keras`: the Keras to build it with (tf_keras by default; Keras 3 for the JAX twin)."""
     if keras is None:
         from worker.tensorflow.strategy import import_keras
@@ -44,12 +53,12 @@ def build_model(keras=None):
 def task() -> Task:
     (x_train, y_train), (x_test, y_test) = load()
 
-    def train_data(ctx: DataContext):
+    def train_data(ctx: DataContext) -> Any:  # Any: a tf.data.Dataset (TensorFlow has no types)
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_train, y_train))
 
-    def val_data(ctx: DataContext):
+    def val_data(ctx: DataContext) -> Any:
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_test, y_test))

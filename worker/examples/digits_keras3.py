@@ -7,12 +7,17 @@ shards them itself).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from worker.training.entrypoint import DataContext, Task
 from worker.examples import digits
 from worker.examples.digits import load
 
+if TYPE_CHECKING:
+    from worker.examples.digits import Split
 
-def build_model():
+
+def build_model() -> Any:  # Any: a Keras 3 model (keras has no types)
     import keras
 
     return digits.build_model(keras)
@@ -21,10 +26,10 @@ def build_model():
 def task() -> Task:
     (x_train, y_train), (x_test, y_test) = load()
 
-    def train_data(ctx: DataContext):
+    def train_data(ctx: DataContext) -> Split:
         return x_train, y_train
 
-    def val_data(ctx: DataContext):
+    def val_data(ctx: DataContext) -> Split:
         return x_test, y_test
 
     return Task(model=build_model, train_data=train_data, val_data=val_data,

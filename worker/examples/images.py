@@ -14,13 +14,14 @@ environment variable:
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from worker.training.entrypoint import DataContext, Task, WorkerError
 
 SEED = 1234
 
 
-def index(folder: str, val_fraction: float, subset: str | None):
+def index(folder: str, val_fraction: float, subset: str | None) -> tuple[list[str], list[int], list[str]]:
     """(file paths, labels, class names) of a folder split, without decoding any image."""
     from worker.tensorflow.strategy import import_keras
 
@@ -34,11 +35,12 @@ def index(folder: str, val_fraction: float, subset: str | None):
     return paths, labels, classes
 
 
-def files_dataset(ctx: DataContext, paths, labels, image_size: int):
+# Any (here and below): TensorFlow's datasets and tensors and a tf_keras model, which have no types
+def files_dataset(ctx: DataContext, paths: list[str], labels: list[int], image_size: int) -> Any:
     """This worker's share of the files, decoded to (image_size, image_size, 3) float32."""
     import tensorflow as tf
 
-    def load(path, label):
+    def load(path: Any, label: Any) -> tuple[Any, Any]:
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         image = tf.image.resize(image, (image_size, image_size))
         return image, label
@@ -47,7 +49,7 @@ def files_dataset(ctx: DataContext, paths, labels, image_size: int):
     return files.map(load, num_parallel_calls=4)
 
 
-def build_model(classes: int, image_size: int, alpha: float, weights: str | None):
+def build_model(classes: int, image_size: int, alpha: float, weights: str | None) -> Any:
     from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
@@ -71,8 +73,8 @@ def task(data: str | None = None, image_size: int | None = None, alpha: float | 
     data = data or env.get("MGPU_DATA")
     if not data:
         raise WorkerError("images: give the image folder as MGPU_DATA (or task(data=...))")
-    image_size = int(image_size or env.get("MGPU_IMAGE_SIZE", 160))
-    alpha = float(alpha or env.get("MGPU_ALPHA", 1.0))
+    image_size = int(image_size or env.get("MGPU_IMAGE_SIZE", "160"))
+    alpha = float(alpha or env.get("MGPU_ALPHA", "1.0"))
     weights = weights or env.get("MGPU_WEIGHTS", "imagenet")
     weights = None if weights.lower() == "none" else weights
     if val_fraction is None:
@@ -85,10 +87,11 @@ def task(data: str | None = None, image_size: int | None = None, alpha: float | 
         train_files, val_files = index(data, 0, None), None
     classes = len(train_files[2])
 
-    def train_data(ctx: DataContext):
+    def train_data(ctx: DataContext) -> Any:
         return files_dataset(ctx, train_files[0], train_files[1], image_size)
 
-    def val_data(ctx: DataContext):
+    def val_data(ctx: DataContext) -> Any:
+        assert val_files is not None  # given to the Task only where there are validation files
         return files_dataset(ctx, val_files[0], val_files[1], image_size)
 
     return Task(model=lambda: build_model(classes, image_size, alpha, weights),

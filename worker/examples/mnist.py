@@ -8,11 +8,17 @@ mnist.npz once into ~/.keras/datasets on each host).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from worker.training.entrypoint import DataContext, Task
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
-def load(data: str | None = None):
+    from worker.examples.digits import Split
+
+
+def load(data: str | None = None) -> tuple[Split, Split]:
     """((x_train, y_train), (x_test, y_test)) with images as (N, 28, 28, 1) float32 in [0, 1]."""
     import numpy as np
 
@@ -25,14 +31,14 @@ def load(data: str | None = None):
 
         (x_train, y_train), (x_test, y_test) = import_keras().datasets.mnist.load_data()
 
-    def images(x):
+    def images(x: NDArray[np.generic]) -> NDArray[np.float32]:
         return (x.astype(np.float32) / 255.0).reshape((-1, 28, 28, 1))
 
     return ((images(x_train), y_train.astype(np.int64)),
             (images(x_test), y_test.astype(np.int64)))
 
 
-def build_model():
+def build_model() -> Any:  # Any: a tf_keras model (tf_keras has no types)
     from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
@@ -50,12 +56,12 @@ def build_model():
 def task(data: str | None = None) -> Task:
     (x_train, y_train), (x_test, y_test) = load(data or os.environ.get("MGPU_DATA"))
 
-    def train_data(ctx: DataContext):
+    def train_data(ctx: DataContext) -> Any:  # Any: a tf.data.Dataset (TensorFlow has no types)
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_train, y_train))
 
-    def val_data(ctx: DataContext):
+    def val_data(ctx: DataContext) -> Any:
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_test, y_test))

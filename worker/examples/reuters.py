@@ -9,13 +9,20 @@ once into ~/.keras/datasets). The .npz is read with allow_pickle: use only files
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from worker.training.entrypoint import DataContext, Task
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    Split = tuple[NDArray[np.int32], NDArray[np.int64]]  # (word-index sequences, labels)
 
 MAX_LEN = 300
 
 
-def load(data: str | None = None, maxlen: int = MAX_LEN):
+def load(data: str | None = None, maxlen: int = MAX_LEN) -> tuple[Split, Split, int, int]:
     """((x_train, y_train), (x_test, y_test), vocabulary size, number of classes)."""
     import numpy as np
 
@@ -37,7 +44,7 @@ def load(data: str | None = None, maxlen: int = MAX_LEN):
     return (x_train, y_train), (x_test, y_test), words, classes
 
 
-def build_model(words: int, classes: int, maxlen: int = MAX_LEN):
+def build_model(words: int, classes: int, maxlen: int = MAX_LEN) -> Any:  # Any: a tf_keras model (no types)
     from worker.tensorflow.strategy import import_keras
 
     keras = import_keras()
@@ -58,12 +65,12 @@ def task(data: str | None = None) -> Task:
     (x_train, y_train), (x_test, y_test), words, classes = load(
         data or os.environ.get("MGPU_DATA"))
 
-    def train_data(ctx: DataContext):
+    def train_data(ctx: DataContext) -> Any:  # Any: a tf.data.Dataset (TensorFlow has no types)
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_train, y_train))
 
-    def val_data(ctx: DataContext):
+    def val_data(ctx: DataContext) -> Any:
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices((x_test, y_test))

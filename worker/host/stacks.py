@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from worker.host import procs
+from worker.host.clock import Deadline
 
 TRIES = 3
 TIMEOUT_S = 20.0
@@ -118,17 +119,17 @@ def dump(pid: int, timeout: float = TIMEOUT_S, create_time: float | None = None)
     if create_time is not None and procs.same(pid, create_time) is None:
         return Stacks(pid, error=f"the task's process {pid} has ended (that pid now names another process, started "
                                  "later; it was not touched)")
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     for _ in range(TRIES):
         argv = [exe, "dump", "--json", "--subprocesses", "--pid", str(pid)]
         if stopped(pid):  # already still: read it as it is
             argv.append("--nonblocking")
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=max(0.1, deadline - time.monotonic()))
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=max(0.1, deadline.left()))
         except subprocess.TimeoutExpired:
             return Stacks(pid, error=f"py-spy did not answer within {timeout:g} s")
         # py-spy fails on a process that changes state under it (one being stopped): look again
-        if res.returncode == 0 or "Failed to get stack traces" not in res.stderr or time.monotonic() > deadline:
+        if res.returncode == 0 or "Failed to get stack traces" not in res.stderr or deadline.passed:
             break
         time.sleep(0.2)
     if res.returncode != 0:

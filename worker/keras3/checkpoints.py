@@ -17,18 +17,19 @@ from worker.training.lines import say
 BACKUP = BACKUPS[1]  # the backup's folder in the checkpoint folder (tf_keras's: worker.tensorflow.checkpoints.TF_BACKUP)
 
 
+# Any (here and below): Keras 3's module and objects, which have no types
 def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: int,
-                         on_notice: Callable[[], None]) -> list:
+                         on_notice: Callable[[], object]) -> list[Any]:
     """[backup, stopper]: the first and the last callback of `fit`."""
 
     spare = spare_folder(checkpoint_dir)
 
-    class Backup(keras.callbacks.BackupAndRestore):
-        def __init__(self):
+    class Backup(keras.callbacks.BackupAndRestore):  # type: ignore[misc]  # Keras has no types
+        def __init__(self) -> None:
             super().__init__(backup_dir=os.path.join(checkpoint_dir, BACKUP),
                              delete_checkpoint=group.chief and not keeps_backup())
 
-        def on_train_begin(self, logs=None):
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             super().on_train_begin(logs)  # every process reads the chief's backup
             epoch = self.model._initial_epoch or 0
             seen = group.gather(epoch)
@@ -37,7 +38,7 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
                                   f"order; checkpoint dir here: {checkpoint_dir}): put --checkpoint-dir on storage "
                                   "that every host shares, or delete the backup to start over")
 
-        def _save_model(self):
+        def _save_model(self) -> None:
             """The chief alone writes the backup (the weights are the same on every process), each file whole: a
             kill in the middle leaves the last backup as it was; a task that keeps a spare copy writes it alike."""
             steps = int(self.params.get("steps") or 0)
@@ -62,16 +63,16 @@ def checkpoint_callbacks(keras: Any, group: Group, checkpoint_dir: str, epochs: 
             os.replace(weights, final)
             os.replace(f"{metadata}.partial", metadata)
 
-    class Stopper(keras.callbacks.Callback):
+    class Stopper(keras.callbacks.Callback):  # type: ignore[misc]  # Keras has no types
         said = False
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             if notice.is_set() and not self.said:
                 self.said = True
                 on_notice()  # progress.json says "preempting": the supervisor's preempt_grace runs
                 say("notice (SIGTERM): stopping with every task at the end of this epoch")
 
-        def on_epoch_end(self, epoch, logs=None):
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             noticed = group.gather(int(notice.is_set()))  # after the chief's backup of this epoch
             if any(noticed) and epoch + 1 < epochs:
                 if not self.said:

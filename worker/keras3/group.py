@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Iterator, MutableMapping
 
 from worker.training.errors import SettingError, WorkerError
 from worker.training.groupsize import check_replicas, check_workers
@@ -72,7 +72,8 @@ def join(keras: Any, local_replicas: int | None) -> Group:
     check_workers(size, f"keras.distribution: {NUM_PROCESSES} {os.environ.get(NUM_PROCESSES, '').strip() or 'unset'}")
     if size > 1:
         # our own SIGTERM handler takes notices (worker.keras3.checkpoints); JAX's would replace it
-        jax.config.update("jax_enable_preemption_service", False)
+        # jax's Config.update has no annotations
+        jax.config.update("jax_enable_preemption_service", False)  # type: ignore[no-untyped-call]
         if os.environ.get(HOST_ADDRESS):
             bind_gloo(os.environ[HOST_ADDRESS])
         try:
@@ -106,11 +107,13 @@ def bind_gloo(address: str) -> None:
                           "(jax._src.xla_bridge._jax.make_gloo_tcp_collectives(hostname=)); pin jax to a version "
                           "mgpu-cluster supports (0.10.x)")
     if not isinstance(make, functools.partial):  # once per process
-        xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname=address)
+        bound = functools.partial(make, hostname=address)
+        # a private module that xla_bridge imports and does not export (checked above)
+        xla_bridge._jax.make_gloo_tcp_collectives = bound  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
-def alone(keras: Any):
+def alone(keras: Any) -> Iterator[None]:
     """Inside, no distribution: what one process does alone (the chief's saves) creates no variable laid out over
     every device, which JAX would check against the other processes (a collective they are not in)."""
     distribution = keras.distribution.distribution()

@@ -11,22 +11,22 @@ import importlib.util
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from worker.training import checkpoints
 from worker.training.checkpoints import (Preempted, claim, finished_agreed, finished_here, notice_held, start_point,
                                 tell_finished)
 from worker.host import env
-from worker.training.entrypoint import WorkerError, first_set, load_entrypoint, resolve_entrypoint
+from worker.training.entrypoint import Task, WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.keras3.checkpoints import BACKUP, checkpoint_callbacks
-from worker.keras3.data import feeds
+from worker.keras3.data import Feed, feeds
 from worker.keras3.group import Group, alone, join, split_host, task_index
 from worker.training.progress import ProgressWriter
-from worker.training.keras_progress import callback_class
+from worker.training.keras_progress import ProgressCallbackLike, callback_class
 from worker.host.protocol import ProgressState
 from worker.host.startpoint import look
 from worker.training.config import RunConfig, folders, settings
-from worker.training.ending import finish, nothing_left, save_model
+from worker.training.ending import Summary, finish, nothing_left, save_model
 from worker.training.optimizer import build_optimizer, learning_rate_for
 from worker.training.lines import say
 
@@ -44,7 +44,7 @@ def import_keras3() -> Any:
 
 
 @contextlib.contextmanager
-def tensorflow_hidden():
+def tensorflow_hidden() -> Iterator[None]:
     """Keras' seeding (`set_random_seed`, and `distribution.initialize` through it) seeds TensorFlow too where it
     is installed, importing it: seconds and hundreds of MB for nothing, as the data are NumPy arrays. Inside, an
     import of tensorflow fails and Keras takes it as missing (for the process); not where it is imported already."""
@@ -68,7 +68,7 @@ def _not_here(config: RunConfig, every: int | None) -> None:
         say(f"note: --collective {config.collective} is for the tensorflow backend; JAX chooses its own")
 
 
-def run(config: RunConfig) -> dict:
+def run(config: RunConfig) -> Summary:
     """Trains the entrypoint's task on this process, with every process of the group; returns a summary."""
     run_dir = config.run_dir or os.environ.get(env.RUN_DIR) or None
     writer = ProgressWriter(run_dir, task=task_index())
@@ -119,7 +119,8 @@ def run(config: RunConfig) -> dict:
             "replicas": group.devices, "task": group.index}
 
 
-def _save_model(keras, model, model_dir: str, group: Group) -> str | None:
+# Any (here and below): Keras 3's module and objects, which have no types
+def _save_model(keras: Any, model: Any, model_dir: str, group: Group) -> str | None:
     """The chief alone writes the model (the weights are the same on every process), outside the distribution."""
     if not group.chief:
         return None
@@ -127,8 +128,8 @@ def _save_model(keras, model, model_dir: str, group: Group) -> str | None:
         return save_model(model, model_dir, chief=True)
 
 
-def _callbacks(config: RunConfig, task, keras, group: Group, checkpoint_dir: str, epochs: int, writer,
-               progress) -> list:
+def _callbacks(config: RunConfig, task: Task, keras: Any, group: Group, checkpoint_dir: str, epochs: int,
+               writer: ProgressWriter, progress: ProgressCallbackLike) -> list[Any]:
     """fit's callbacks: progress's stopwatch first (a step's training time ends there), the backup (an epoch is
     backed up before anyone reports it finished), the chief's TensorBoard, progress, the Task's own, and the
     notice's stopper last."""
@@ -141,7 +142,8 @@ def _callbacks(config: RunConfig, task, keras, group: Group, checkpoint_dir: str
     return [*callbacks, progress, *extra, stopper]
 
 
-def _fit(model, train, val, epochs: int, callbacks: list, progress):
+def _fit(model: Any, train: Feed, val: Feed | None, epochs: int, callbacks: list[Any],
+         progress: ProgressCallbackLike) -> Any:
     """model.fit on this process's share; a notice during it is said with where it stopped (Preempted goes on
     up), one after the last epoch is said too."""
     started = time.time()

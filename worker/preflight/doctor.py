@@ -15,10 +15,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from importlib.machinery import ModuleSpec, PathFinder
 from typing import Any, Callable, ParamSpec, TypedDict, TypeVar, cast
 
+from worker.host.clock import Deadline
 from worker.host.devices import gpu_indices, interface_for, task_devices
 from worker.host.env import Backend
 from worker.preflight.packages import missing_problem, versions
@@ -149,7 +149,7 @@ class ImportCheck:
                  python: str | None = None, backend: Backend = Backend.TENSORFLOW) -> None:
         self.entrypoint, self.cwd, self.timeout = entrypoint, cwd, timeout
         self.python = python or sys.executable
-        self.deadline = time.monotonic() + timeout
+        self.deadline = Deadline.after(timeout)
         self.out, self.err = bytearray(), bytearray()
         argv = module_argv(sys.executable, "worker.training.entrypoint") + [entrypoint, backend.value]
         self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
@@ -163,7 +163,7 @@ class ImportCheck:
     def problem(self) -> str | None:
         module = self.entrypoint.partition(":")[0]
         try:
-            self.proc.wait(max(0.0, self.deadline - time.monotonic()))
+            self.proc.wait(self.deadline.left())
         except subprocess.TimeoutExpired:
             self.stop()
             return (f"importing entrypoint module {module!r} did not finish within {self.timeout:g} s (in "
@@ -348,9 +348,9 @@ def _line(seconds: float) -> bytes:
     when nothing comes within `seconds` (the launcher refused the cluster, or went away)."""
     import select
 
-    line, deadline = b"", time.monotonic() + seconds
+    line, deadline = b"", Deadline.after(seconds)
     while not line.endswith(b"\n"):
-        if not select.select([0], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not select.select([0], [], [], deadline.left())[0]:
             return b""
         byte = os.read(0, 1)
         if not byte:

@@ -24,6 +24,7 @@ from typing import Any
 
 from worker.host.devices import GpuMeter
 from worker.host import env, layout
+from worker.host.entries import GRACE_S
 from worker.host.spawn import OWN_GROUP, stop_group
 from worker.host.system import Meter, child_setup, port_holder, private_memory
 from worker.task import forkserver
@@ -36,8 +37,6 @@ from worker.task.warm import Forked, NameTaken, NoServer, Server
 
 procs: Any = None  # worker.host.procs and worker.host.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
-
-GRACE_S = 1.0
 BROKEN_GRACE_S = 0.0  # a broken group's stop: a peer failed, so a save with the group cannot land (KILL at once)
 # progress.json is read about once a second: each wake-up takes a core from the training (4 a second cost ~2% of
 # the steps on 2 cores); each read 0.5 to 1.5 s after the last, or epochs of about 1 s are read at one step each

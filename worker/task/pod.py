@@ -13,15 +13,15 @@ worker.py of the workdir before our package); PROGRAM keeps it with --safe-path 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from worker.task.channel import FileChannel
-from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
+from worker.host.entries import PodArgs
+from worker.task.core import EXIT_SETUP, TaskCore, TaskSetup
 from worker.host import layout
-from worker.host.env import POD_INDEX, SAFE_PATH, Backend, endpoint, inherited, task_environment
+from worker.host.env import POD_INDEX, SAFE_PATH, endpoint, inherited, task_environment
 from worker.host.spawn import module_argv
 from worker.task.signals import Signals
 
@@ -39,30 +39,15 @@ def guarded(program: list[str], safe_path: bool) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     signals = Signals()  # first: as PID 1 a signal with no handler is dropped, a notice lost
-    parser = argparse.ArgumentParser(prog="python -m worker.task.pod", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder (shared storage, or the pod's)")
-    parser.add_argument("--hosts", required=True, help="the workers' host names, with {i} for the index")
-    parser.add_argument("--workers", required=True, type=int)
-    parser.add_argument("--port", required=True, type=int)
-    parser.add_argument("--grace", type=float, default=GRACE_S)
-    parser.add_argument("--preempt-grace", type=float, default=None)
-    parser.add_argument("--backend", type=Backend, default=Backend.TENSORFLOW, choices=list(Backend))
-    parser.add_argument("--cpu-devices", type=int, default=None, help="on JAX: XLA's devices on the CPU")
-    parser.add_argument("--safe-path", action="store_true", help=f"PROGRAM keeps {SAFE_PATH} (our runner)")
-    parser.add_argument("program", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not program:
-        parser.error("give the program to run after --")
+    args = PodArgs.parse(argv, __doc__)
+    program = list(args.program)
     rank = layout.index_of(os.environ.get(POD_INDEX, ""))
     if rank is None or rank >= args.workers:
         print(f"mgpu pod: {POD_INDEX} is {os.environ.get(POD_INDEX)!r}, not one of "
               f"0..{args.workers - 1}: this command runs in the pods of an Indexed Job (the JobSet that "
               "'mgpu-cluster render' writes)", file=sys.stderr)
         return EXIT_SETUP
-    task_dir = layout.task_dir(args.run_dir, rank)
+    task_dir = layout.task_dir(Path(args.run_dir), rank)
     try:
         task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:

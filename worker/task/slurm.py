@@ -16,7 +16,6 @@ ending the step); INT or HUP stop it. With --lifeline S the task stops when the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -30,7 +29,8 @@ from typing import Any
 from worker.host import env, layout
 from worker.host.env import endpoint
 from worker.task.channel import FileChannel
-from worker.task.core import EXIT_SETUP, GRACE_S, TaskCore, TaskSetup
+from worker.host.entries import SlurmArgs
+from worker.task.core import EXIT_SETUP, TaskCore, TaskSetup
 from worker.task.signals import Signals
 
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -132,20 +132,9 @@ def watch_lifeline(core: TaskCore, alive: Path, lifeline: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.task.slurm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, type=Path, help="the run's folder, shared by every node")
-    parser.add_argument("--attempt", type=int, default=0)
-    parser.add_argument("--port", type=int, default=None, help="TF port (default: from the job id)")
-    parser.add_argument("--grace", type=float, default=GRACE_S, help="INT/HUP to KILL, seconds")
-    parser.add_argument("--preempt-grace", type=float, default=None, help="TERM/USR1 (notice) to KILL, seconds")
-    parser.add_argument("--lifeline", type=float, default=0.0, help="stop when the launcher's lifeline is this old")
-    parser.add_argument("program", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not program:
-        parser.error("give the program to run after --")
-    run, environ = args.run_dir.resolve(), dict(os.environ)
+    args = SlurmArgs.parse(argv, __doc__)
+    program = list(args.program)
+    run, environ = Path(args.run_dir).resolve(), dict(os.environ)
     rank = int(environ.get("SLURM_PROCID") or 0)
     attempt = args.attempt + int(environ.get("SLURM_RESTART_COUNT") or 0)
     signals = Signals(notice_ok=lambda: not peer_failed(run, attempt))  # before asking Slurm: a notice is kept

@@ -22,7 +22,6 @@ stopped before that, it leaves nothing and reports nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import select
@@ -33,7 +32,8 @@ from pathlib import Path
 
 from worker.host.protocol import BROKEN, GO
 from worker.task.channel import PipeChannel
-from worker.task.core import GRACE_S, TaskCore, TaskSetup
+from worker.host.entries import SupervisedArgs
+from worker.task.core import TaskCore, TaskSetup
 from worker.task.signals import Signals
 
 
@@ -80,42 +80,21 @@ def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> Non
 
 def main(argv: list[str] | None = None) -> int:
     signals = Signals()  # first: a stop while we read the environment is kept, and then nothing starts
-    parser = argparse.ArgumentParser(prog="python -m worker.task.supervised", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, type=Path, help="the task's folder on this host")
-    parser.add_argument("--attempt", type=int, default=0)
-    parser.add_argument("--cpus", default="", help="comma-separated cores to pin the task to")
-    parser.add_argument("--port", type=int, default=None, help="the task's TF port: refuse to start if taken")
-    parser.add_argument("--grace", type=float, default=GRACE_S, help="seconds between TERM and KILL")
-    parser.add_argument("--preempt-grace", type=float, default=None,
-                        help="seconds between a notice (TERM/USR1 to us) and KILL (default: --grace)")
-    parser.add_argument("--lifeline", type=float, default=None,
-                        help="stop the task when stdin stays silent this many seconds")
-    parser.add_argument("--env-stdin", action="store_true", help="read the task's environment from stdin's first line")
-    parser.add_argument("--detach", action="store_true", help="keep running when stdin closes")
-    parser.add_argument("--warm", action="store_true", help="fork the attempt from the task's fork server "
-                        "(worker.task.forkserver), started where none runs")
-    parser.add_argument("--standby", action="store_true", help="with --warm: hold the fork server now and start the "
-                        "attempt when the line 'go' comes on stdin")
-    parser.add_argument("program", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not program:
-        parser.error("give the program to run after --")
+    args = SupervisedArgs.parse(argv, __doc__)
     env: dict[str, str] = {}
     rest = b""
     if args.env_stdin:
         try:
             read, rest = read_env_line()
         except (ValueError, OSError) as exc:
-            parser.error(f"--env-stdin: {exc}")
+            SupervisedArgs.parser(__doc__).error(f"--env-stdin: {exc}")
         if read is None:  # not a task without its TF_CONFIG and run id: nothing at all
             print("mgpu supervisor: stdin ended before the task's environment; nothing was started",
                   file=sys.stderr)
             return 1
         env = read
-    cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
-    setup = TaskSetup(run_dir=args.run_dir.resolve(), attempt=args.attempt, argv=program, env=env, cpus=cpus,
+    setup = TaskSetup(run_dir=Path(args.run_dir).resolve(), attempt=args.attempt, argv=list(args.program), env=env,
+                      cpus=list(args.cpus) or None,
                       port=args.port, grace=args.grace,
                       preempt_grace=args.grace if args.preempt_grace is None else args.preempt_grace,
                       warm=args.warm and args.env_stdin and not args.detach,

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from worker.host.clock import Deadline
 from worker.host.spawn import OWN_GROUP, module_argv
 from worker.host.system import child_setup
 from worker.task import forkserver
@@ -79,12 +80,11 @@ class Forked:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         while self.returncode is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if deadline.passed:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
-            self._read(left)
+            self._read(None if timeout is None else deadline.left())
         return self.returncode
 
 
@@ -112,8 +112,8 @@ class Server:
                                         env=env, preexec_fn=child_setup(), **OWN_GROUP)
         except (OSError, ValueError) as exc:
             raise NoServer(f"could not be started: {exc}") from None
-        deadline = time.monotonic() + CONNECT_S
-        while time.monotonic() < deadline:
+        deadline = Deadline.after(CONNECT_S)
+        while not deadline.passed:
             ended = proc.poll() is not None  # code 0: another core's server took the name first
             sock = _connect(name)
             if sock is not None:
@@ -164,8 +164,8 @@ class Server:
         finally:
             theirs.close()
         os.close(out_w)
-        said, deadline = b"", time.monotonic() + PID_WAIT_S
-        while b"\n" not in said and select.select([ours], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        said, deadline = b"", Deadline.after(PID_WAIT_S)
+        while b"\n" not in said and select.select([ours], [], [], deadline.left())[0]:
             try:
                 data = ours.recv(64)
             except OSError:
@@ -211,8 +211,8 @@ def last_words(log: Path) -> str:
 
 def _until_closed(sock: socket.socket, seconds: float) -> None:
     """Read `sock` until its other end is closed (its process ended), at most `seconds`."""
-    deadline = time.monotonic() + seconds
-    while select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+    deadline = Deadline.after(seconds)
+    while select.select([sock], [], [], deadline.left())[0]:
         try:
             if not sock.recv(256):
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from worker.host import startpoint
 from worker.tensorflow.data import counts_over_workers
@@ -15,10 +15,14 @@ from worker.training.checkpoints import (Preempted, backed_up, finished_agreed, 
 from worker.training.entrypoint import WorkerError
 from worker.training.lines import say
 
+if TYPE_CHECKING:
+    from worker.tensorflow.strategy import ClusterInfo
+
 TF_BACKUP = startpoint.BACKUPS[0]  # tf_keras's backup folder in the checkpoint folder (the chief's, which all read)
 
 
-def start_agreed(tf, strategy, checkpoint_dir: str, num_workers: int) -> bool:
+# Any (here and below): TensorFlow's and tf_keras' modules and objects, which have no types
+def start_agreed(tf: Any, strategy: Any, checkpoint_dir: str, num_workers: int) -> bool:
     """Whether this run's training finished in an earlier attempt: what every worker sees of the checkpoint
     folder, in one collective. Every worker restores from the chief's backup (tf_keras reads `<dir>/TF_BACKUP`);
     a worker that cannot see it would start from epoch 1 while the others resume: refused (all workers
@@ -40,8 +44,8 @@ DONE = "done"
 ACK_TIMEOUT_MS = 60_000
 
 
-def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int | None,
-                         info, on_notice: Callable[[], None] = lambda: None) -> list:
+def checkpoint_callbacks(keras: Any, tf: Any, checkpoint_dir: str, steps: int, every: int | None,
+                         info: ClusterInfo, on_notice: Callable[[], object] = lambda: None) -> list[Any]:
     """[backup, stopper]: the first and the last callback of `fit`.
 
     The backup is BackupAndRestore with save_freq an int, so that fit resumes mid-epoch. It
@@ -56,8 +60,8 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
 
     spare = spare_folder(checkpoint_dir)
 
-    class Backup(keras.callbacks.BackupAndRestore):
-        def __init__(self):
+    class Backup(keras.callbacks.BackupAndRestore):  # type: ignore[misc]  # tf_keras has no types
+        def __init__(self) -> None:
             super().__init__(backup_dir=checkpoint_dir, save_freq=every or steps,
                              delete_checkpoint=not keeps_backup())
             self.target: int | None = None  # the global step to save at and stop
@@ -65,14 +69,14 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             self._claimed = self._noticed = False
             self._watcher: threading.Thread | None = None
 
-        def on_train_begin(self, logs=None):
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             super().on_train_begin(logs)
             if info.multi_worker:
                 self._watcher = threading.Thread(target=self._watch, daemon=True,
                                                  name="mgpu-notice-watcher")
                 self._watcher.start()
 
-        def _watch(self):
+        def _watch(self) -> None:
             try:
                 value = context.context().get_config_key_value(NOTICE_KEY)  # blocks
                 if value != DONE:
@@ -94,7 +98,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             for i in range(info.num_workers):
                 ctx.get_config_key_value(f"{NOTICE_KEY}/ack/{i}", ACK_TIMEOUT_MS)
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             step = int(self._current_epoch * steps + batch + 1)
             if (notice.is_set() or self.target is not None) and not self._noticed:
                 self._noticed = True
@@ -111,7 +115,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             elif batch + 1 == steps or (every and step % every == 0):
                 self._backup(epoch=self._current_epoch, batch=batch)
 
-        def _backup(self, epoch, batch=0):
+        def _backup(self, epoch: int, batch: int = 0) -> None:
             manager = self._training_state.write_checkpoint_manager
             if spare is None or info.is_chief:
                 super()._backup(epoch=epoch, batch=batch)
@@ -121,7 +125,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
             if info.is_chief:
                 backed_up(checkpoint_dir, int(epoch), int(batch) + 1, steps)
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             super().on_train_end(logs)
             if self._watcher is not None:
                 try:
@@ -132,7 +136,7 @@ def checkpoint_callbacks(keras, tf, checkpoint_dir: str, steps: int, every: int 
 
     backup = Backup()
 
-    def stop(batch, logs):
+    def stop(batch: int, logs: dict[str, Any] | None) -> None:
         if backup.stopped_at is not None:
             raise Preempted(f"saved a checkpoint at global step {backup.stopped_at} on notice")
 

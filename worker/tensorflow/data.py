@@ -4,13 +4,15 @@ global batch (per-replica batch x replicas in sync over all workers), prefetched
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from worker.host import env
 from worker.training.entrypoint import DataContext, Task, WorkerError, first_set
 from worker.training.lines import say
 
 
-def _count(tf, dataset) -> int:
+# Any (here and below): TensorFlow's module, strategy and datasets, which have no types
+def _count(tf: Any, dataset: Any) -> int:
     cardinality = int(dataset.cardinality())
     if cardinality == int(tf.data.INFINITE_CARDINALITY):
         raise WorkerError("train_data is infinite: give Task.steps_per_epoch or --steps-per-epoch")
@@ -20,13 +22,13 @@ def _count(tf, dataset) -> int:
     return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
 
 
-def counts_over_workers(tf, strategy, value: int, num_workers: int) -> list[int]:
+def counts_over_workers(tf: Any, strategy: Any, value: int, num_workers: int) -> list[int]:
     """Every worker's `value`, in task order (a collective: every worker must call it)."""
     if num_workers <= 1:
         return [value]
     local_replicas = strategy.num_replicas_in_sync // num_workers
 
-    def per_replica(ctx):
+    def per_replica(ctx: Any) -> Any:
         replica = ctx.replica_id_in_sync_group
         own = tf.one_hot(replica // local_replicas, num_workers, dtype=tf.int64) * value
         return own if replica % local_replicas == 0 else tf.zeros_like(own)
@@ -35,8 +37,8 @@ def counts_over_workers(tf, strategy, value: int, num_workers: int) -> list[int]
     return [int(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)]
 
 
-def input_pipelines(tf, strategy, task: Task, worker_index: int, num_workers: int,
-                    per_replica: int, steps: int | None):
+def input_pipelines(tf: Any, strategy: Any, task: Task, worker_index: int, num_workers: int,
+                    per_replica: int, steps: int | None) -> tuple[Any, Any | None, int]:
     """(train, val, steps per epoch): the task's examples cached, shuffled, batched to the
     global batch, prefetched, with the task's shard policy and autotune off."""
     from worker.tensorflow.strategy import dataset_options

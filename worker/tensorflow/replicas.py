@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 from worker.training.errors import WorkerError
 
@@ -23,7 +23,8 @@ class LocalReplicasUnsupported(WorkerError):
     """This TensorFlow builds MultiWorkerMirroredStrategy's local devices elsewhere."""
 
 
-def split_cpu(tf, n: int) -> list[str]:
+# Any (here and below): TensorFlow's module and objects, which have no types
+def split_cpu(tf: Any, n: int) -> list[str]:
     """Splits this process's CPU into `n` logical devices; their names, e.g. ["/cpu:0", "/cpu:1"].
 
     Must come before TensorFlow runs anything (its runtime fixes the devices when it starts)."""
@@ -39,7 +40,7 @@ def split_cpu(tf, n: int) -> list[str]:
     return [f"/cpu:{i}" for i in range(n)]
 
 
-def _extended():
+def _extended() -> Any:
     try:
         from tensorflow.python.distribute.collective_all_reduce_strategy import \
             CollectiveAllReduceExtended
@@ -69,7 +70,7 @@ def cpu_local_devices(n: int) -> Iterator[None]:
     extended = _extended()
     original = extended.__dict__["_initialize_local_devices"]
 
-    def local_devices(self, cluster_resolver, worker_device):
+    def local_devices(self: object, cluster_resolver: object, worker_device: str) -> tuple[tuple[str, ...], str]:
         return tuple(f"{worker_device}/device:CPU:{i}" for i in range(n)), "CPU"
 
     extended._initialize_local_devices = local_devices
@@ -79,7 +80,7 @@ def cpu_local_devices(n: int) -> Iterator[None]:
         extended._initialize_local_devices = original
 
 
-def multi_worker_strategy(tf, local_replicas: int, num_workers: int, options):
+def multi_worker_strategy(tf: Any, local_replicas: int, num_workers: int, options: Any) -> Any:
     """MultiWorkerMirroredStrategy with `local_replicas` logical CPU devices per worker (checked:
     `local_replicas x num_workers` replicas in sync, or an error)."""
     split_cpu(tf, local_replicas)
@@ -91,7 +92,7 @@ def multi_worker_strategy(tf, local_replicas: int, num_workers: int, options):
     return strategy
 
 
-def check_gpu_count(local_replicas: int | None, gpus: list) -> None:
+def check_gpu_count(local_replicas: int | None, gpus: Sequence[object]) -> None:
     """On a GPU task the replicas are its visible GPUs; a `local_replicas` that differs is refused."""
     if local_replicas and gpus and local_replicas != len(gpus):
         raise WorkerError(f"local_replicas = {local_replicas}, but this task sees {len(gpus)} GPU(s): on "

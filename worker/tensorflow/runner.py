@@ -8,24 +8,29 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 from worker.host import env
 from worker.host.protocol import ProgressState
 from worker.host.startpoint import look
 from worker.tensorflow.checkpoints import TF_BACKUP, checkpoint_callbacks, start_agreed
 from worker.tensorflow.data import counts_over_workers, input_pipelines
-from worker.tensorflow.strategy import cluster_from_env, task_id_from_env
+from worker.tensorflow.strategy import ClusterInfo, cluster_from_env, task_id_from_env
 from worker.training import checkpoints
 from worker.training.checkpoints import Preempted, claim, notice_held, start_point, tell_finished
 from worker.training.config import RunConfig, folders, settings
-from worker.training.ending import finish, nothing_left, save_model
+from worker.training.ending import Summary, finish, nothing_left, save_model
 from worker.training.entrypoint import Task, WorkerError, first_set, load_entrypoint, resolve_entrypoint
 from worker.training.lines import say
 from worker.training.optimizer import build_optimizer, learning_rate_for
 from worker.training.progress import ProgressWriter
 
+if TYPE_CHECKING:
+    from worker.tensorflow.steptime import StepClock
+    from worker.training.keras_progress import ProgressCallbackLike
 
-def run(config: RunConfig) -> dict:
+
+def run(config: RunConfig) -> Summary:
     """Trains the entrypoint's task on this worker; returns a summary (history, paths, times)."""
     run_dir = config.run_dir or os.environ.get(env.RUN_DIR) or None
     info = cluster_from_env()
@@ -92,7 +97,8 @@ def run(config: RunConfig) -> dict:
             "replicas": replicas, "task": task_id}
 
 
-def _step_clock(tf, model):
+# Any (here and below): TensorFlow's and tf_keras' modules and objects, which have no types
+def _step_clock(tf: Any, model: Any) -> StepClock | None:
     """Times each step's own work apart from the wait for peers (stragglers); None when MGPU_STEP_CLOCK=0
     or the optimizer is one it cannot wrap."""
     from worker.tensorflow.steptime import StepClock
@@ -108,8 +114,8 @@ def _step_clock(tf, model):
     return clock
 
 
-def _callbacks(config: RunConfig, task: Task, keras, tf, checkpoint_dir: str, steps: int, info, writer, clock,
-               progress) -> list:
+def _callbacks(config: RunConfig, task: Task, keras: Any, tf: Any, checkpoint_dir: str, steps: int, info: ClusterInfo,
+               writer: ProgressWriter, clock: StepClock | None, progress: ProgressCallbackLike) -> list[Any]:
     """fit's callbacks in their order: the step clock first (its step ends before any other callback's work),
     progress's stopwatch (a step's training time ends there), then the backup (a step is backed up before anyone reports it finished), TensorBoard, progress, the
     Task's own, and the notice's stopper last."""
@@ -124,7 +130,7 @@ def _callbacks(config: RunConfig, task: Task, keras, tf, checkpoint_dir: str, st
     return [*callbacks, progress, *extra, stopper]
 
 
-def _fit(model, fit_args: dict, progress):
+def _fit(model: Any, fit_args: dict[str, Any], progress: ProgressCallbackLike) -> Any:
     """model.fit; a notice during it is said with where it stopped (Preempted goes on up), one after the last
     step is said too."""
     started = time.time()

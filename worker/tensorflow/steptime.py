@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
+from typing import Any, Callable, Iterable
 
 SPAN_S = 10.0
 
@@ -23,7 +24,7 @@ class StepClock:
     """Sums, per step, when it began and ended (host) and when its gradients were ready (graph), as
     seconds after `base`; a window's means give the split."""
 
-    def __init__(self, tf):
+    def __init__(self, tf: Any) -> None:  # Any (here and below): TensorFlow's module and tensors, without types
         self.tf = tf
         self.base = time.time()
         with tf.init_scope():  # plain local variables, never mirrored: each task keeps its own sums
@@ -31,11 +32,11 @@ class StepClock:
             self.readies = tf.Variable(0, dtype=tf.int64, trainable=False, name="mgpu_grads_ready_n")
         self._began: float | None = None
         self._sums = [0.0, 0.0, 0]  # host: sum of begin, sum of end (s after base), steps
-        self._marks: deque[tuple[float, tuple]] = deque()  # (time, the sums) at each window's start
+        self._marks: deque[tuple[float, tuple[float, ...]]] = deque()  # (time, the sums) at each window's start
         self.compute_ms: float | None = None
         self.wait_ms: float | None = None
 
-    def install(self, optimizer) -> None:
+    def install(self, optimizer: Any) -> None:
         """Wrap the optimizer's gradient aggregation (where the all-reduce starts): `aggregate_gradients`
         (Keras optimizers) or `_aggregate_gradients` (legacy ones), of the inner optimizer under a
         loss-scale optimizer. ValueError when it has neither."""
@@ -46,11 +47,11 @@ class StepClock:
         for name in names:
             setattr(inner, name, self._timed(getattr(inner, name)))
 
-    def _timed(self, aggregate):
+    def _timed(self, aggregate: Callable[..., Any]) -> Callable[..., Any]:
         tf, base = self.tf, self.base
 
         @functools.wraps(aggregate)
-        def timed(grads_and_vars, *args, **kwargs):
+        def timed(grads_and_vars: Iterable[tuple[Any, Any]], *args: Any, **kwargs: Any) -> Any:
             pairs = list(grads_and_vars)
             flat = [t for g, _ in pairs if g is not None for t in tf.nest.flatten(g, expand_composites=True)]
             with tf.control_dependencies(flat):  # every local gradient is computed
@@ -78,7 +79,7 @@ class StepClock:
         if not self._marks:  # the first step traces the function and meets the peers: not counted
             self._marks.append((time.time(), self._now()))
 
-    def _now(self) -> tuple:
+    def _now(self) -> tuple[float, ...]:
         return (*self._sums, float(self.ready_s.numpy()), int(self.readies.numpy()))
 
     def window(self, min_steps: int = 3) -> tuple[float | None, float | None]:
@@ -98,18 +99,19 @@ class StepClock:
         self.compute_ms, self.wait_ms = round(1000 * (ready - began), 3), round(1000 * (ended - ready), 3)
         return self.compute_ms, self.wait_ms
 
-    def callback(self):
+    def callback(self) -> Any:
         """A Keras callback that times each train_function call: put it first in fit's list, so that
         its batch end comes before any other callback's work (a checkpoint save is no part of a step)."""
         from worker.tensorflow.strategy import import_keras
 
+        keras: Any = import_keras()
         clock = self
 
-        class StepClockCallback(import_keras().callbacks.Callback):
-            def on_train_batch_begin(self, batch, logs=None):
+        class StepClockCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras has no types
+            def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
                 clock.begin()
 
-            def on_train_batch_end(self, batch, logs=None):
+            def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
                 clock.end()
 
         return StepClockCallback()

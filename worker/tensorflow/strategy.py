@@ -10,7 +10,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from worker.training.errors import SettingError
 from worker.training.groupsize import check_workers
@@ -90,7 +90,8 @@ def is_chief(environ: Mapping[str, str] | None = None) -> bool:
     return cluster_from_env(environ).is_chief
 
 
-def import_tensorflow():
+# Any (here and below): TensorFlow's and tf_keras' modules and objects, which have no types
+def import_tensorflow() -> Any:
     """Imports TensorFlow with Keras 2 (tf_keras) selected; returns the `tf` module."""
     tf_defaults()
     _require_tf_keras()
@@ -120,7 +121,7 @@ def _require_tf_keras() -> None:
                           "e.g. tensorflow 2.21 -> tf-keras 2.21)")
 
 
-def import_keras():
+def import_keras() -> Any:
     """Returns the `tf_keras` module (Keras 3 cannot `fit` under MultiWorkerMirroredStrategy)."""
     import_tensorflow()
     try:
@@ -133,12 +134,12 @@ def import_keras():
 _gpus_configured = False
 
 
-def configure_gpus() -> list:
+def configure_gpus() -> list[Any]:
     """Turns on memory growth for every visible GPU (once; not where TF_GPU_ALLOCATOR chooses an
     allocator); returns the physical GPUs."""
     global _gpus_configured
     tf = import_tensorflow()
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus: list[Any] = tf.config.list_physical_devices("GPU")
     if not _gpus_configured and GPU_ALLOCATOR not in os.environ:
         for gpu in gpus:
             try:
@@ -158,7 +159,7 @@ def set_mixed_precision(enabled: bool) -> None:
 SHARD_POLICIES = ("data", "file", "off")
 
 
-def dataset_options(shard: str = "data", autotune: bool = False):
+def dataset_options(shard: str = "data", autotune: bool = False) -> Any:
     """tf.data options for an input pipeline: auto-shard policy and autotune (off by default).
 
     shard: "data" (every worker reads all, keeps 1/N: in-memory data), "file" (each worker
@@ -197,12 +198,12 @@ def quiet_device_datasets() -> bool:
     if getattr(original, "_mgpu_quiet", False):
         return True
 
-    def create_device_dataset(*args, **kwargs):
+    def create_device_dataset(*args: Any, **kwargs: Any) -> Any:
         options = tf.data.Options()
         options.autotune.enabled = False
         return original(*args, **kwargs).with_options(options)
 
-    create_device_dataset._mgpu_quiet = True
+    setattr(create_device_dataset, "_mgpu_quiet", True)
     mdi._create_device_dataset = create_device_dataset
     return True
 
@@ -232,7 +233,7 @@ def wait_for_chief(info: ClusterInfo, timeout: float = 60.0) -> bool:
 
 
 def strategy_from_env(devices: Sequence[str] | None = None, collective: str = "auto",
-                      environ: Mapping[str, str] | None = None, local_replicas: int | None = None):
+                      environ: Mapping[str, str] | None = None, local_replicas: int | None = None) -> Any:
     """The strategy this task should use, from TF_CONFIG and the visible GPUs.
 
     More than one task in TF_CONFIG -> MultiWorkerMirroredStrategy (NCCL when GPUs are

@@ -11,7 +11,7 @@ import os
 import shutil
 import signal
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 from worker.host import startpoint
 from worker.training.entrypoint import WorkerError
@@ -28,7 +28,7 @@ notice = threading.Event()  # set by SIGTERM
 
 
 @contextlib.contextmanager
-def notice_held():
+def notice_held() -> Iterator[None]:
     """Inside, SIGTERM waits (blocked); afterwards it is a notice (see `checkpoint_callbacks`).
 
     TensorFlow's coordination agent installs a SIGTERM handler that drops the signal, in place

@@ -7,15 +7,46 @@ import os
 import shutil
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
 from worker.host import layout
 from worker.host.protocol import ProgressState
 from worker.training.checkpoints import NOTHING_LEFT
 from worker.training.config import RunConfig
 from worker.training.lines import say
+from worker.training.progress import ProgressWriter
+
+if TYPE_CHECKING:
+    from worker.training.keras_progress import ProgressCallbackLike
 
 
-def finish(config: RunConfig, model, task_id: int, progress, started: float, save) -> dict:
+class Saved(TypedDict):
+    """What `finish` saved: the model's path (the chief's, else None), the weights' (--save-weights, else None),
+    and how long fit took past its last epoch's end."""
+
+    model_path: str | None
+    weights_path: str | None
+    fit_tail_s: float
+
+
+class Trained(TypedDict, total=False):
+    """What only a run that trained reports."""
+
+    steps_per_epoch: int
+    global_batch_size: int
+    replicas: int
+
+
+class Summary(Saved, Trained):
+    """What a runner's `run` returns."""
+
+    history: dict[str, list[float]]  # Keras' History.history: each metric's value per epoch
+    task: int
+
+
+# Any (here and below): a Keras model (tf_keras and keras have no types)
+def finish(config: RunConfig, model: Any, task_id: int, progress: ProgressCallbackLike, started: float,
+           save: Callable[[], str | None]) -> Saved:
     """After fit (either backend): how long fit took past its last epoch's end, the weights where --save-weights
     says, the model by `save()` (the chief's path, or None), progress done; the summary's paths and tail."""
     returned = time.time()
@@ -30,14 +61,14 @@ def finish(config: RunConfig, model, task_id: int, progress, started: float, sav
     return {"model_path": model_path, "weights_path": weights_path, "fit_tail_s": tail}
 
 
-def nothing_left(writer, task_id: int, epochs: int) -> dict:
+def nothing_left(writer: ProgressWriter, task_id: int, epochs: int) -> Summary:
     """A restart of a run whose training ended (a crash after every task saved): done, with nothing trained."""
     say(NOTHING_LEFT)
     writer.update(force=True, state=str(ProgressState.DONE), epochs=epochs, epoch=epochs)
     return {"history": {}, "model_path": None, "weights_path": None, "fit_tail_s": 0.0, "task": task_id}
 
 
-def save_weights(model, path: str) -> str:
+def save_weights(model: Any, path: str) -> str:
     """The model's weights as an .npz (arr_0, arr_1, ... in `model.get_weights()` order)."""
     import numpy as np
 
@@ -46,7 +77,7 @@ def save_weights(model, path: str) -> str:
     return path
 
 
-def save_model(model, model_dir: str, chief: bool | None = None) -> str | None:
+def save_model(model: Any, model_dir: str, chief: bool | None = None) -> str | None:
     """The chief writes `<model_dir>/model.keras` (atomically); other workers must take part
     in the save too (TensorFlow reads distributed variables collectively), so they write to a
     temporary folder that is deleted at once. Returns the chief's path, else None.

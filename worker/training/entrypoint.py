@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypedDict, TypeVar
 
 from worker.training.errors import WorkerError
 from worker.host import env
@@ -46,7 +46,7 @@ class DataContext:
     training: bool  # True for train_data, False for val_data
     input_context: Any  # the tf.distribute.InputContext of this worker
 
-    def shard(self, dataset):
+    def shard(self, dataset: Any) -> Any:  # Any: a tf.data.Dataset (TensorFlow has no types)
         """This worker's share of `dataset` (for Task(shard="off"), e.g. a list of files)."""
         return dataset.shard(self.num_workers, self.worker_index)
 
@@ -85,14 +85,14 @@ class Task:
     seed: int = 1234  # shuffle and initialisation seed, the same on every worker
     callbacks: Sequence[Any] | Callable[[], Sequence[Any]] = ()  # extra Keras callbacks
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.shard not in SHARD_POLICIES:
             raise ValueError(f"Task.shard must be one of {SHARD_POLICIES}, not {self.shard!r}")
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ValueError("Task.checkpoint_every_steps must be at least 1 (or None)")
 
 
-def resolve_entrypoint(spec: str) -> Callable[[], Any]:
+def resolve_entrypoint(spec: str) -> Callable[[], object]:
     """Imports `module:function` (the current directory importable); returns the function."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name:
@@ -104,14 +104,14 @@ def resolve_entrypoint(spec: str) -> Callable[[], Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise EntrypointError(f"entrypoint {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    func = getattr(module, func_name, None)
+    func: object = getattr(module, func_name, None)
     if not callable(func):
         reason = f"module {module_name!r} has no function {func_name!r}"
         raise EntrypointError(f"entrypoint {spec!r}: {reason}", reason)
     return func
 
 
-def load_entrypoint(spec: str, func: Callable[[], Any] | None = None) -> Task:
+def load_entrypoint(spec: str, func: Callable[[], object] | None = None) -> Task:
     """Calls the entrypoint function; a returned dict is taken as Task(**dict)."""
     task = (func or resolve_entrypoint(spec))()
     if isinstance(task, dict):
@@ -126,7 +126,10 @@ def load_entrypoint(spec: str, func: Callable[[], Any] | None = None) -> Task:
     return task
 
 
-def first_set(*values, default):
+T = TypeVar("T")
+
+
+def first_set(*values: T | None, default: T) -> T:
     """The first value that is not None, else `default`."""
     for value in values:
         if value is not None:
@@ -175,7 +178,7 @@ def returned(built: Any) -> str:
     return f"{kind.__name__}, a tf.data.Dataset" if dataset else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def data_problem(spec: str, func: Callable[[], Any]) -> str | None:
+def data_problem(spec: str, func: Callable[[], object]) -> str | None:
     """On the jax backend: the entrypoint called, and its Task's train_data, as the runner will (nothing trains);
     what they returned against what the backend takes."""
     from worker.training import entrypoint as contract  # its Task, also where this module runs as __main__
@@ -190,7 +193,17 @@ def data_problem(spec: str, func: Callable[[], Any]) -> str | None:
             'backend = "tensorflow"')
 
 
-def import_report(spec: str, backend: str = "tensorflow") -> dict:
+class ImportReport(TypedDict, total=False):
+    """`import_report`'s answer, one JSON line on stdout (the preflight reads it)."""
+
+    ok: bool
+    error: str | None
+    raised: bool
+    where: str | None
+    during: str
+
+
+def import_report(spec: str, backend: str = "tensorflow") -> ImportReport:
     """Import the entrypoint as the runner does: {"ok": true}, or what went wrong ("error"), whether the module
     raised it ("raised"), the user's own line where it did ("where", file:line) and whether it was at import or
     when called ("during"). On the jax backend, the entrypoint is also called, and its Task's train_data
@@ -217,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     report = os.dup(1)
     os.dup2(2, 1)
-    result = (import_report(*args) if len(args) in (1, 2)
+    result: ImportReport = (import_report(*args) if len(args) in (1, 2)
               else {"ok": False, "error": "give MODULE:FUNCTION [BACKEND]"})
     sys.stdout.flush()
     os.write(report, (json.dumps(result) + "\n").encode())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from worker.host import env
 from worker.host.modules import remember
@@ -13,8 +13,25 @@ from worker.training.progress import ProgressWriter, number, format_epoch_line, 
 from worker.host.protocol import ProgressState
 from worker.training.lines import say
 
+if TYPE_CHECKING:
+    from worker.tensorflow.steptime import StepClock
 
-def callback_class(keras=None):
+
+class ProgressCallbackLike(Protocol):
+    """A ProgressCallback as the runners use it (its class is made at run time, on Keras' Callback)."""
+
+    writer: ProgressWriter
+    last_epoch_end: float | None
+
+    def stopwatch(self) -> Any: ...  # Any: a Keras callback (tf_keras and keras have no types)
+
+    def mark_done(self) -> None: ...
+
+    def mark_preempted(self) -> None: ...
+
+
+# Any: the Keras module (tf_keras or keras, without types), and the logs and model it hands the hooks
+def callback_class(keras: Any = None) -> Callable[..., ProgressCallbackLike]:
     """A new ProgressCallback class on `keras`'s Callback: tf_keras by default (`ProgressCallback`, made once),
     Keras 3 for the jax runner."""
     if keras is None:
@@ -22,7 +39,7 @@ def callback_class(keras=None):
 
         keras = import_keras()
 
-    class ProgressCallback(keras.callbacks.Callback):
+    class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras' Callback has no types
         """Keras callback: progress.json (throttled on batches, always on epochs) + epoch lines.
 
         run_dir: where progress.json goes (default MGPU_RUN_DIR; None/unset -> no file);
@@ -39,7 +56,7 @@ def callback_class(keras=None):
                      epochs: int | None = None, steps_per_epoch: int | None = None,
                      global_batch_size: int | None = None, interval: float | None = None,
                      mark_done_on_train_end: bool = True,
-                     log: Callable[[str], None] | None = say, clock=None):
+                     log: Callable[[str], None] | None = say, clock: StepClock | None = None) -> None:
             super().__init__()
             if writer is None:
                 if run_dir == "":
@@ -65,40 +82,44 @@ def callback_class(keras=None):
             self._epoch = 0
             self._step = 0
             self._epoch_start: float | None = None  # when the epoch's first step ended (its summary's start)
-            self._began, self._ended, self._traced = None, None, False  # this batch; fit's first (it traces) is untimed
+            # this batch; fit's first (it traces) is untimed
+            self._began: float | None = None
+            self._ended: float | None = None
+            self._traced = False
             self._workers: int | None = None  # copies of each batch log that fit adds up (_summed_over)
 
         # --- helpers -------------------------------------------------------------------
         def _steps(self) -> int | None:
-            return self.writer.fields["steps_per_epoch"] or self.params.get("steps")
+            steps: int | None = self.writer.fields["steps_per_epoch"] or self.params.get("steps")
+            return steps
 
         def _global_step(self) -> int:
             steps = self._steps()
             return (self._epoch - 1) * steps + self._step if steps else self._step
 
-        def stopwatch(self):
+        def stopwatch(self) -> Any:
             """A callback to put before fit's other callbacks (a backup's save): it ends each batch's timing, so
             what they do after a step is not training time."""
             outer = self
 
-            class Stopwatch(keras.callbacks.Callback):
-                def on_train_batch_end(self, batch, logs=None):
+            class Stopwatch(keras.callbacks.Callback):  # type: ignore[misc]  # Keras' Callback has no types
+                def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
                     outer._ended = time.time()
 
             return Stopwatch()
 
-        def _batch_logs(self, logs: dict | None) -> dict:
+        def _batch_logs(self, logs: dict[str, Any] | None) -> dict[str, Any]:
             """A batch's logs as the epoch's: means over every replica's batches so far (see _summed_over); the
             epoch's logs are the metrics' own results and need nothing."""
             if self._workers is None:
                 self._workers = _summed_over(self.model)
             if self._workers == 1:
                 return dict(logs or {})
-            return {name: value if number(value) is None else number(value) / self._workers
+            return {name: value if (mean := number(value)) is None else mean / self._workers
                     for name, value in (logs or {}).items()}
 
         @staticmethod
-        def _split(logs: dict | None) -> tuple[float | None, dict]:
+        def _split(logs: dict[str, Any] | None) -> tuple[float | None, dict[str, float | None]]:
             logs = dict(logs or {})
             loss = number(logs.pop("loss", None))
             return loss, {name: number(value) for name, value in logs.items()}
@@ -112,12 +133,12 @@ def callback_class(keras=None):
                                global_step=self._global_step())
 
         # --- Keras hooks ---------------------------------------------------------------
-        def on_train_begin(self, logs=None):
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             epochs = self.writer.fields["epochs"] or self.params.get("epochs") or 0
             self.writer.update(force=True, state=str(ProgressState.TRAINING), epochs=epochs,
                                steps_per_epoch=self._steps())
 
-        def on_epoch_begin(self, epoch, logs=None):
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self._epoch, self._step, self._epoch_start = epoch + 1, 0, None
             first = self._first_epoch is None
             if first:
@@ -129,7 +150,7 @@ def callback_class(keras=None):
                                first_epoch=self._first_epoch, global_step=self._global_step(), epoch_samples=0,
                                epoch_train_s=0.0)
 
-        def on_train_batch_begin(self, batch, logs=None):
+        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             self._began, self._ended = time.time(), None
             if self._first_batch_seen:
                 return
@@ -144,13 +165,13 @@ def callback_class(keras=None):
                 self.writer.update(force=True, step=batch, global_step=self._global_step(),
                                    first_global_step=self._global_step())
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             now, done = time.time(), int(batch) + 1
             end = self._ended if self._ended is not None else now
             fields = self.writer.fields
             if "first_step_at" not in fields:  # this attempt's first step: its start-up ends here
                 fields["first_step_at"] = now
-                remember(self.writer.path and str(self.writer.path.parent))
+                remember(str(self.writer.path.parent) if self.writer.path else None)
             if self._epoch_start is None:
                 self._epoch_start = now
             if self._traced and self._began is not None and done > self._step and self.global_batch_size:
@@ -170,10 +191,10 @@ def callback_class(keras=None):
                 compute_ms, wait_ms = self.clock.window()
                 self.writer.fields.update(compute_ms=compute_ms, wait_ms=wait_ms)
 
-        def on_test_batch_end(self, batch, logs=None):
+        def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             self.writer.update()  # validation is progress too: keep the heartbeat going
 
-        def on_epoch_end(self, epoch, logs=None):
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             loss, metrics = self._split(logs)
             steps = self._steps()
             if steps:
@@ -188,7 +209,7 @@ def callback_class(keras=None):
                 self.log(format_epoch_line(epoch + 1, self.writer.fields["epochs"], shown, rate))
             self.last_epoch_end = time.time()
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             if self.mark_done_on_train_end:
                 self.writer.update(force=True, state=str(ProgressState.DONE))
             else:
@@ -197,20 +218,20 @@ def callback_class(keras=None):
     return ProgressCallback
 
 
-def _summed_over(model) -> int:
+def _summed_over(model: Any) -> int:
     """How many copies of each batch log fit adds up: tf_keras' metrics are all-reduced over every replica already
     (a loss or accuracy the group's mean, a count the group's count), but under MultiWorkerMirroredStrategy with
     several workers its fit reduces them once more with `distribute_reduction_method` "auto" ("sum" off TPUs),
     adding each worker's copy: the number of workers. 1 elsewhere (one worker, Keras 3 on JAX)."""
     method = getattr(model, "distribute_reduction_method", None)
-    strategy = getattr(model, "distribute_strategy", None)
+    strategy: Any = getattr(model, "distribute_strategy", None)  # a tf.distribute strategy, or None
     replicas = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
     if method not in ("auto", "sum") or replicas == 1 or (method == "auto" and "TPU" in type(strategy).__name__):
         return 1
     return max(replicas // (len(strategy.extended.worker_devices) or 1), 1)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Callable[..., ProgressCallbackLike]:
     if name == "ProgressCallback":
         cls = callback_class()
         globals()["ProgressCallback"] = cls

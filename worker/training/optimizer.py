@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.training.entrypoint import Task
 
 
-def build_optimizer(keras, task: Task, learning_rate):
+# Any: the Keras module, its optimizers and schedules (tf_keras and keras have no types)
+def build_optimizer(keras: Any, task: Task, learning_rate: float | Any) -> Any:
     if callable(task.optimizer):
         return task.optimizer(learning_rate)
     return keras.optimizers.get({"class_name": task.optimizer,
                                  "config": {"learning_rate": learning_rate}})
 
 
-def learning_rate_for(keras, base: float, replicas: int, scale: bool, warmup_steps: int):
+def learning_rate_for(keras: Any, base: float, replicas: int, scale: bool, warmup_steps: int) -> float | Any:
     """base x replicas when scaling, reached by a linear warm-up over `warmup_steps` steps."""
     if not scale or replicas <= 1:
         return base

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from worker.training.errors import SettingError
 from worker.host.protocol import FILE_MAX_BYTES, ProgressState, json_object
@@ -53,7 +53,7 @@ def training_rate(samples: float | None, seconds: float | None) -> float | None:
     return samples / seconds if samples and seconds and seconds > 0 else None
 
 
-def read_progress(path: str) -> dict | None:
+def read_progress(path: str) -> dict[str, Any] | None:  # Any: a file the training writes, untrusted
     """The last progress written at `path` (a progress.json or the folder that holds it); None where there
     is none, or what is there is not progress (too big, not JSON, not an object, nested too deep)."""
     if os.path.isdir(path):
@@ -100,7 +100,8 @@ class ProgressWriter:
         self._last_write = 0.0
         self._epoch_ended = False  # an epoch's summary not written yet
 
-    def epoch_end(self, epoch: int, start: float | None, loss: float | None, metrics: dict) -> None:
+    def epoch_end(self, epoch: int, start: float | None, loss: float | None,
+                  metrics: Mapping[str, float | None]) -> None:
         """Keeps a finished epoch's training throughput (its epoch line's samples/s, from the epoch's samples and
         training seconds), loss and metrics, with when it was measured (`start` to now), among the last
         EPOCH_ENDS_KEPT; the next update writes it, due or not."""
@@ -130,24 +131,24 @@ class ProgressWriter:
             self._last_write = now
         self._epoch_ended = False
         if self.path:
-            self._write(json.dumps(_finite(self.fields), indent=1, allow_nan=False) + "\n")
+            self._write(self.path, json.dumps(_finite(self.fields), indent=1, allow_nan=False) + "\n")
         return True
 
-    def _write(self, text: str) -> None:
+    def _write(self, path: Path, text: str) -> None:
         """One atomic write, in its folder made again if it was deleted; a write that fails (a full disk) never
         ends the training: it goes on without progress.json, said once on stderr."""
         try:
-            if not self.path.parent.is_dir():
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(self.path, text)
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(path, text)
         except OSError as exc:
             if not self._warned:
                 self._warned = True
-                print(f"mgpu worker: cannot write {self.path}: {exc.strerror or exc}; training goes on without "
+                print(f"mgpu worker: cannot write {path}: {exc.strerror or exc}; training goes on without "
                       "its progress file (free space there, or check the folder)", file=sys.stderr, flush=True)
 
 
-def format_epoch_line(epoch: int, epochs: int, logs: dict, samples_per_sec: float | None) -> str:
+def format_epoch_line(epoch: int, epochs: int, logs: Mapping[str, object], samples_per_sec: float | None) -> str:
     """`epoch 3/5 loss=0.12 accuracy=0.97 val_accuracy=0.95 samples/s=1234` (4 digits)."""
     parts = [f"epoch {epoch}/{epochs}"]
     for name, value in logs.items():

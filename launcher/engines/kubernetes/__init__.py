@@ -11,7 +11,7 @@ from launcher.engines.base import Engine, EngineKind
 from launcher.engines.kubernetes.render import RUN_LABEL, host_pattern, manifest, pod_command, run_folder, to_yaml
 from launcher.engines.kubernetes.validate import validate
 from launcher.plan import TaskPlan, worker_argv
-from launcher.spec.cluster import Host
+from launcher.spec.cluster import Host, KubernetesSpec
 from launcher.spec.kubernetes import pod_host
 from worker.host import layout
 from worker.host.env import POD_INDEX, PROCESS_ID, Backend, endpoint, keras_distribution
@@ -19,7 +19,7 @@ from worker.host.env import POD_INDEX, PROCESS_ID, Backend, endpoint, keras_dist
 NOT_HERE = "a [kubernetes] run is applied with kubectl, not started by mgpu-cluster"
 
 
-def render(spec, masked: bool = False) -> str:
+def render(spec: KubernetesSpec, masked: bool = False) -> str:
     """The run's manifest as YAML, checked against JobSet's API models first."""
     return to_yaml(validate(manifest(spec, masked)))
 
@@ -29,6 +29,7 @@ class KubernetesEngine(Engine):
     id is the JobSet's name, whatever id the caller made: the same spec is the same object and run folder."""
 
     kind = EngineKind.KUBERNETES
+    spec: KubernetesSpec
 
     def plan_tasks(self, only: list[int] | None) -> list[TaskPlan]:
         k8s, root = self.spec.kubernetes, run_folder(self.spec)

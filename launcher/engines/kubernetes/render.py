@@ -7,30 +7,33 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from launcher.plan import cpu_devices, mask_env, worker_argv
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import KubernetesSpec
 from launcher.spec.kubernetes import OWN_LABELS, REPLICATED_JOB, RUNS_VOLUME, SHM_VOLUME, Toleration, pod_host
 from worker.host import layout
+from worker.host.entries import PodArgs
 from worker.host.env import Backend, pod_environment
 from worker.host.spawn import module_argv
 from worker.host.protocol import EXIT_PREEMPTED
 
 PREEMPTED_RULE = "preempted"
+Manifest = dict[str, Any]  # Any: a Kubernetes object, nested as its API spells it (checked by validate.py)
 RUN_LABEL = OWN_LABELS + "run"  # the run's id, the JobSet's name: kubectl logs -l mgpu-cluster/run=<name>
 
 
-def run_folder(spec: ClusterSpec) -> str:
+def run_folder(spec: KubernetesSpec) -> str:
     return layout.run_root(spec.kubernetes.workdir, spec.kubernetes.jobset)
 
 
-def host_pattern(spec: ClusterSpec) -> str:
+def host_pattern(spec: KubernetesSpec) -> str:
     """Pod i's stable name in the JobSet's headless service: <jobset>-<job>-0-<i>.<subdomain>."""
     name = spec.kubernetes.jobset
     return f"{pod_host(name, '{i}')}.{name}"
 
 
-def pod_command(spec: ClusterSpec) -> list[str]:
+def pod_command(spec: KubernetesSpec) -> list[str]:
     """`python -m worker.task.pod ... -- PROGRAM`, as a reader of the manifest expects it. The container's env
     holds PYTHONSAFEPATH=1 (worker.host.env.pod_environment), so that a worker.py in the workdir does not stand
     in for our package (what module_argv's boot does elsewhere; Python >= 3.11, an older Python ignores it).
@@ -42,28 +45,23 @@ def pod_command(spec: ClusterSpec) -> list[str]:
     ours = spec.training.command is None and program[:len(boot)] == boot
     if ours:
         program[:len(boot)] = [k8s.python, "-m", "worker"]
-    return [k8s.python, "-m", "worker.task.pod", "--run-id", k8s.jobset, "--run-dir", run_folder(spec),
-            "--hosts", host_pattern(spec), "--workers", str(k8s.workers), "--port", str(k8s.port),
-            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
-            *(["--safe-path"] if ours else []), *backend_args(spec), "--", *program]
+    # on JAX the builder needs the backend and the CPU's devices too (on TensorFlow neither: its pods' command
+    # stays as it was)
+    jax = spec.training.backend is Backend.JAX
+    devices = cpu_devices(spec, bool(k8s.gpus_per_worker)) if jax else None
+    entry = PodArgs(run_id=k8s.jobset, run_dir=run_folder(spec), hosts=host_pattern(spec), workers=k8s.workers,
+                    port=k8s.port, grace=launch.stop_grace, preempt_grace=launch.preempt_grace, safe_path=ours,
+                    backend=spec.training.backend, cpu_devices=devices or None, program=tuple(program))
+    return [k8s.python, "-m", entry.module, *entry.argv()]
 
 
-def backend_args(spec: ClusterSpec) -> list[str]:
-    """What the pod entry's builder needs besides the cluster on JAX: the backend, the CPU's devices (none on
-    TensorFlow: its pods' command stays as it was)."""
-    if spec.training.backend is not Backend.JAX:
-        return []
-    devices = cpu_devices(spec, bool(spec.kubernetes.gpus_per_worker))
-    return ["--backend", spec.training.backend.value, *(["--cpu-devices", str(devices)] if devices else [])]
-
-
-def pod_env(spec: ClusterSpec) -> dict[str, str]:
+def pod_env(spec: KubernetesSpec) -> dict[str, str]:
     """What the launcher gives every pod in clear (the container's env); the pod entry builds the rest of the
     task's environment, TF_CONFIG included, with the one builder (worker.host.env)."""
     return pod_environment(spec.kubernetes.gpus_per_worker, spec.kubernetes.env)
 
 
-def _env(spec: ClusterSpec, masked: bool) -> list[dict]:
+def _env(spec: KubernetesSpec, masked: bool) -> list[Manifest]:
     """Values in clear, then those from Secrets (secretKeyRef: the manifest names the Secret, never the value)."""
     env = mask_env(pod_env(spec)) if masked else pod_env(spec)
     return [*({"name": key, "value": value} for key, value in env.items()),
@@ -71,7 +69,7 @@ def _env(spec: ClusterSpec, masked: bool) -> list[dict]:
               for key, ref in (spec.kubernetes.secret_env or {}).items())]
 
 
-def _resources(spec: ClusterSpec) -> dict:
+def _resources(spec: KubernetesSpec) -> dict[str, dict[str, str]]:
     """Requests equal to limits (a device, an extended resource, takes no other): cpu, memory, GPUs and the
     spec's other resources (rdma/hca)."""
     k8s = spec.kubernetes
@@ -81,16 +79,18 @@ def _resources(spec: ClusterSpec) -> dict:
     return {"requests": dict(limits), "limits": limits} if limits else {}
 
 
-def _toleration(t: Toleration) -> dict:
-    fields = {"key": t.key, "operator": t.operator.value, "value": t.value,
+def _toleration(t: Toleration) -> dict[str, str | int]:
+    fields: dict[str, str | int | None] = {"key": t.key, "operator": t.operator.value, "value": t.value,
               "effect": t.effect.value if t.effect else None, "tolerationSeconds": t.toleration_seconds}
     return {key: value for key, value in fields.items() if value is not None}
 
 
-def _volumes(spec: ClusterSpec, container: dict, pod: dict) -> None:
+def _volumes(spec: KubernetesSpec, container: Manifest, pod: Manifest) -> None:
     """The shared run folder (a PersistentVolumeClaim), a memory-backed /dev/shm, where the spec asks, and the
     spec's own volumes (data sets, a node's SSD)."""
-    k8s, mounts, volumes = spec.kubernetes, [], []
+    k8s = spec.kubernetes
+    mounts: list[Manifest] = []
+    volumes: list[Manifest] = []
     if k8s.volume_claim:
         mounts.append({"name": RUNS_VOLUME, "mountPath": layout.mgpu_dir(k8s.workdir)})
         volumes.append({"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": k8s.volume_claim}})
@@ -105,20 +105,20 @@ def _volumes(spec: ClusterSpec, container: dict, pod: dict) -> None:
         container["volumeMounts"], pod["volumes"] = mounts, volumes
 
 
-def _pod(spec: ClusterSpec, masked: bool) -> dict:
+def _pod(spec: KubernetesSpec, masked: bool) -> Manifest:
     """The pod template's spec: one container, the task core's pod entry, where and how it is scheduled."""
     k8s, launch = spec.kubernetes, spec.launch
-    container = {"name": "worker", "image": k8s.image, "command": pod_command(spec), "workingDir": k8s.workdir,
+    container: Manifest = {"name": "worker", "image": k8s.image, "command": pod_command(spec), "workingDir": k8s.workdir,
                  "ports": [{"name": "tf", "containerPort": k8s.port, "protocol": "TCP"}], "env": _env(spec, masked)}
     if k8s.image_pull_policy:
         container["imagePullPolicy"] = k8s.image_pull_policy.value
     if _resources(spec):
         container["resources"] = _resources(spec)
-    pod = {"restartPolicy": "Never", "containers": [container],
+    pod: Manifest = {"restartPolicy": "Never", "containers": [container],
            # the notice (SIGTERM) to KILL: the group's coordinated save, with room for the core's own stop
            "terminationGracePeriodSeconds": math.ceil(launch.preempt_grace) + 10}
     _volumes(spec, container, pod)
-    scheduling = {"nodeSelector": k8s.node_selector,
+    scheduling: Manifest = {"nodeSelector": k8s.node_selector,
                   "tolerations": k8s.tolerations and [_toleration(t) for t in k8s.tolerations],
                   "affinity": k8s.affinity, "topologySpreadConstraints": k8s.topology_spread_constraints,
                   # the node's network; its DNS policy so that the JobSet's host names still resolve
@@ -128,18 +128,18 @@ def _pod(spec: ClusterSpec, masked: bool) -> dict:
     return {**pod, **{key: value for key, value in scheduling.items() if value}}
 
 
-def _metadata(spec: ClusterSpec) -> dict:
+def _metadata(spec: KubernetesSpec) -> Manifest:
     """Labels (ours, the run's id, first) and annotations, the same on the JobSet and on each pod."""
     k8s = spec.kubernetes
-    meta = {"labels": {RUN_LABEL: k8s.jobset, **(k8s.labels or {})}}
+    meta: Manifest = {"labels": {RUN_LABEL: k8s.jobset, **(k8s.labels or {})}}
     return {**meta, "annotations": dict(k8s.annotations)} if k8s.annotations else meta
 
 
-def manifest(spec: ClusterSpec, masked: bool = False) -> dict:
+def manifest(spec: KubernetesSpec, masked: bool = False) -> Manifest:
     """The JobSet, the same for the same spec (its name is the run's id: `kubectl apply` updates one object);
     `masked`: env values whose names look secret shown as **** (for --dry-run)."""
     k8s, launch, name = spec.kubernetes, spec.launch, spec.kubernetes.jobset
-    job = {"completionMode": "Indexed", "completions": k8s.workers, "parallelism": k8s.workers,
+    job: Manifest = {"completionMode": "Indexed", "completions": k8s.workers, "parallelism": k8s.workers,
            "backoffLimit": 0,  # one failed pod fails the group at once (fail fast)
            # a pod that saved on notice (exit 75), or one Kubernetes took away (evicted by a drain, preempted by
            # the scheduler, its node lost: condition DisruptionTarget) whatever its exit, fails its Job with
@@ -163,7 +163,7 @@ def manifest(spec: ClusterSpec, masked: bool = False) -> dict:
     }
 
 
-def to_yaml(data: dict) -> str:
+def to_yaml(data: Manifest) -> str:
     """YAML; JSON (which is YAML, and kubectl takes it) where PyYAML is not installed."""
     try:
         import yaml  # only `render` needs it

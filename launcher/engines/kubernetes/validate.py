@@ -6,6 +6,7 @@ outside the values (or the pattern) that a field's own description in the models
 from __future__ import annotations
 
 from launcher.errors import MgpuError
+from launcher.engines.kubernetes.render import Manifest
 from launcher.spec.kubernetes import model_problems
 
 
@@ -15,7 +16,7 @@ class ManifestError(MgpuError):
     exit_code = 2
 
 
-def validate(data: dict) -> dict:
+def validate(data: Manifest) -> Manifest:
     """`data` unchanged when JobSet's models take it whole; ManifestError naming what they do not."""
     try:
         from kubeflow_trainer_api.models.jobset_v1alpha2_job_set import JobsetV1alpha2JobSet

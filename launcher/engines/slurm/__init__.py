@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from launcher.engines.base import (Engine, EngineKind, Inspecting, Landed, Launching, Pump, Result, SchedulerEnd,
-                                   Sink, TaskCheck)
+from launcher.engines.base import (EngineKind, Inspecting, JobRecord, Landed, Launching, ProbeRow, Pump, Result,
+                                   SchedulerEnd, Sink, TaskCheck)
 from launcher.engines.slurm import status
 from launcher.engines.slurm.batch import BatchJob
 from launcher.engines.slurm.commands import slurm
@@ -27,26 +27,29 @@ from launcher.engines.slurm.plan import Mode, given, mode_here, plan_slurm, run_
 from launcher.engines.slurm.script import show_environment
 from launcher.engines.slurm.step import AllocationStep
 from launcher.plan import TaskPlan
+from launcher.spec.cluster import SlurmSpec
 from worker.host import protocol
 from worker.host import layout
 from worker.host.clock import wait_until
 from worker.host.files import read_log, write_private
 
-KINDS: dict[str, type[JobKind]] = {Mode.BATCH: BatchJob, Mode.ALLOCATION: AllocationStep}
+KINDS: dict[str, type[BatchJob] | type[AllocationStep]] = {Mode.BATCH: BatchJob, Mode.ALLOCATION: AllocationStep}
 
 
-def job_kind(spec, run_id: str, recorded: dict | None) -> JobKind:
+def job_kind(spec: SlurmSpec, run_id: str, recorded: JobRecord | None) -> JobKind:
     """The run's job: as the run record has it (status, logs, down), else as `up` here makes it (inside an
     allocation, a step of it; else a batch job of its own)."""
     recorded = recorded or {}
-    kind = KINDS.get(recorded.get("mode") or "", KINDS[mode_here()])
-    return kind(spec, run_id, recorded.get("id"), recorded.get("ids"))
+    mode, job_id, ids = recorded.get("mode"), recorded.get("id"), recorded.get("ids")
+    kind = KINDS.get(mode if isinstance(mode, str) else "", KINDS[mode_here()])
+    return kind(spec, run_id, job_id if isinstance(job_id, str) else None, ids if isinstance(ids, list) else None)
 
 
-class SlurmEngine(Engine, Launching, Inspecting):
+class SlurmEngine(Launching, Inspecting):
     kind = EngineKind.SLURM
+    spec: SlurmSpec
 
-    def __init__(self, spec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
+    def __init__(self, spec: SlurmSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
         super().__init__(spec, run_id, only, landed)
         self.root = Path(run_folder(spec, run_id))
         self.job = job_kind(spec, run_id, landed.job if landed is not None else None)
@@ -118,7 +121,7 @@ class SlurmEngine(Engine, Launching, Inspecting):
             self.job.close()
 
     # ---- a recorded run: status, logs, down, commands on a node
-    def probe(self, indices: list[int]) -> list[Result[dict]]:
+    def probe(self, indices: list[int]) -> list[Result[ProbeRow]]:
         info = self.job.watcher.fresh() if self.job.job_id and shutil.which("scontrol") else None
         job = status.job_row(self.job.record(), info)
         return [Result(value=status.task_row(self.root, i, job, self.job.stopping)) for i in indices]
@@ -145,7 +148,7 @@ class SlurmEngine(Engine, Launching, Inspecting):
         node, _port = self.landed.host_of(index)
         return node if node and node != self.plan[index].host.label else None
 
-    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+    def stop_from_folders(self, indices: list[int]) -> list[Result[ProbeRow]]:
         why = self.job.cannot_stop()
         if why is None:
             self.job.cancel()

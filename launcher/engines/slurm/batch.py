@@ -9,14 +9,16 @@ import shutil
 import time
 from typing import Callable
 
-from launcher.engines.base import SchedulerCause, SchedulerEnd
+from launcher.engines.base import JobRecord, SchedulerCause, SchedulerEnd
 from launcher.engines.slurm import job as jobs
 from launcher.engines.slurm.commands import slurm
+from launcher.engines.slurm.job import Scontrol
 from launcher.engines.slurm.kind import JobKind, Say
 from launcher.engines.slurm.plan import Mode, script_file
 from launcher.engines.slurm.preflight import batch_problems
 from launcher.engines.slurm.script import batch_script, sbatch_options
 from launcher.engines.slurm.watch import Watcher
+from launcher.spec.cluster import SlurmSpec
 from worker.host import layout
 from worker.host.clock import wait_until
 from worker.host.files import write_private
@@ -27,7 +29,7 @@ SETTLE_S = 10.0  # how long Slurm may take to show how an ended attempt's job en
 class BatchJob(JobKind):
     mode = Mode.BATCH
 
-    def __init__(self, spec, run_id: str, job_id: str | None = None, ids: list[str] | None = None,
+    def __init__(self, spec: SlurmSpec, run_id: str, job_id: str | None = None, ids: list[str] | None = None,
                  watcher: Watcher | None = None):
         super().__init__(spec, run_id, job_id, watcher)
         self.job_ids = list(ids or [])  # one job an attempt; the last one is the run's job
@@ -50,7 +52,7 @@ class BatchJob(JobKind):
         say(batch_script(self.spec, self.run_id, 0))
 
     # ---- an attempt
-    def launch(self, attempt: int, say: Say, on_job: Callable[[dict], None]) -> str | None:
+    def launch(self, attempt: int, say: Say, on_job: Callable[[JobRecord], None]) -> str | None:
         self.stopping = False
         if self.requeued:
             self.requeued = False
@@ -81,7 +83,7 @@ class BatchJob(JobKind):
         COMPLETING waits too: a requeued job ends its last run before it queues."""
         said = [""]
 
-        def left_queue() -> dict | None:
+        def left_queue() -> Scontrol | None:
             info = self.watcher.fresh(max_age=self.watcher.poll_s)  # the watcher's thread may have just asked
             state, reason = jobs.state_of(info), (info or {}).get("Reason")
             if state in jobs.QUEUED and reason not in (None, "None", said[0]):
@@ -94,7 +96,8 @@ class BatchJob(JobKind):
             return None
         if any(layout.events_file(layout.task_dir(self.root, i), attempt).exists() for i in range(self.cfg.nodes)):
             return None  # so short that it ran and ended between two looks: its records tell
-        return f"Slurm job {self.job_id} ended before it ran ({jobs.state_of(info)}, reason {info.get('Reason')})"
+        return (f"Slurm job {self.job_id} ended before it ran ({jobs.state_of(info)}, reason "
+                f"{(info or {}).get('Reason')})")
 
     def over(self) -> str | None:
         info = self.watcher.record()  # COMPLETING: Slurm is still ending its processes, whose last records may come
@@ -109,14 +112,14 @@ class BatchJob(JobKind):
         if not self.stopping and jobs.ending(info, self.restarts_before, notices):
             # until Slurm shows how it ended (or took it back), seconds at most; a job that still runs with
             # nothing from Slurm (a hang, a lost or failed task) is not waited for: the peers stop at once
-            found = wait_until(self._settled, SETTLE_S)
-            info = found[0] if found else self.watcher.record()
+            settled = wait_until(self._settled, SETTLE_S)
+            info = settled[0] if settled else self.watcher.record()
         found = jobs.verdict_of(info, self.restarts_before, notices, self.job_id, self.cfg.time, self.stopping)
         if found is not None and found.cause == SchedulerCause.REQUEUED:
             self.requeued, self.restarts_before = True, jobs.restarts(info)
         return found
 
-    def _settled(self) -> list[dict | None] | None:
+    def _settled(self) -> list[Scontrol | None] | None:
         """[the job's record] once it tells how the attempt's job ended (None inside: purged), else None."""
         info = self.watcher.fresh()
         return [info] if jobs.settled(info, self.restarts_before) else None

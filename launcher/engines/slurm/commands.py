@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 
-def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> subprocess.CompletedProcess:
+def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
     """A Slurm command; a missing command or a time-out reads as a failed command (code 127 / 124)."""
     try:
         return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
@@ -19,7 +19,7 @@ def slurm(argv: list[str], timeout: float = 30.0, input: str | None = None) -> s
         return subprocess.CompletedProcess(argv, 124, "", f"`{shlex.join(argv)}` did not answer within {timeout:g} s")
 
 
-def spawn(argv: list[str], out: Path, cwd: Path) -> subprocess.Popen:
+def spawn(argv: list[str], out: Path, cwd: Path) -> subprocess.Popen[bytes]:
     """A Slurm command left running (an srun step), its output appended to `out`."""
     with open(out, "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)

@@ -23,7 +23,8 @@ class _Tail:
     folder was deleted) is read from its start."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.partial, self.inode = path, 0, b"", None
+        self.path, self.offset, self.partial = path, 0, b""
+        self.inode: tuple[int, int] | None = None
 
     def lines(self) -> list[bytes]:
         try:

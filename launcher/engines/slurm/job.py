@@ -8,12 +8,13 @@ from launcher.engines.base import SchedulerCause, SchedulerEnd
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 RUNNING = {"CONFIGURING", "RUNNING", "SUSPENDED", "SIGNALING", "RESIZING", "STOPPED"}
 TIME_NOTICE = "SIGUSR1"  # what our --signal sends the tasks before the time limit
+Scontrol = dict[str, str]  # a record of `scontrol -o show ...`: {Key: Value}, as Slurm wrote it
 
 
-def record_of(text: str) -> dict:
+def record_of(text: str) -> Scontrol:
     """The first record of `scontrol -o show ...` as {Key: Value}."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return dict(w.split("=", 1) for w in line.split() if "=" in w)
+    return dict(w.partition("=")[::2] for w in line.split() if "=" in w)
 
 
 def parse_time(text: str | None) -> float | None:
@@ -44,34 +45,34 @@ def gpus(gres: str) -> int:
     return total
 
 
-def state_of(info: dict | None) -> str:
+def state_of(info: Scontrol | None) -> str:
     """A job's state word ("RUNNING", "COMPLETING" of "COMPLETING,..." flags dropped), "" when unknown."""
     return ((info or {}).get("JobState") or "").split(",")[0]
 
 
-def ended(info: dict | None) -> bool:
+def ended(info: Scontrol | None) -> bool:
     state = state_of(info)
     return bool(state) and state not in QUEUED and state not in RUNNING
 
 
-def gone(info: dict | None) -> bool:
+def gone(info: Scontrol | None) -> bool:
     """Ended for good: its processes gone (COMPLETING is still ending them)."""
     return ended(info) and state_of(info) != "COMPLETING"
 
 
-def settled(info: dict | None, restarts_before: int) -> bool:
+def settled(info: Scontrol | None, restarts_before: int) -> bool:
     """Whether the record tells for good how an attempt's job ended: it is gone, back in the queue or
     requeued (Restarts went up, maybe running again already), or nothing (purged: no more to learn)."""
     return info is None or state_of(info) in QUEUED or gone(info) or restarts(info) > restarts_before
 
 
-def restarts(info: dict | None) -> int:
+def restarts(info: Scontrol | None) -> int:
     """How often Slurm requeued the job (its record's Restarts)."""
     text = ((info or {}).get("Restarts") or "0").strip()
     return int(text) if text.isdigit() else 0
 
 
-def ending(info: dict | None, restarts_before: int, notices: set[str]) -> bool:
+def ending(info: Scontrol | None, restarts_before: int, notices: set[str]) -> bool:
     """Whether anything says the scheduler is ending (or took back) the job, so a verdict is worth waiting
     for: it left RUNNING, was requeued, the tasks had notice, or it ran past its time limit. A job still
     running with none of these was ended by its tasks (a failure, a hang): the scheduler has nothing to say."""
@@ -86,7 +87,7 @@ def ending(info: dict | None, restarts_before: int, notices: set[str]) -> bool:
     return limit is not None and ran is not None and ran >= limit
 
 
-def verdict_of(info: dict | None, restarts_before: int, notices: set[str], job_id: str | None,
+def verdict_of(info: Scontrol | None, restarts_before: int, notices: set[str], job_id: str | None,
                time_limit: str | None, we_stopped: bool = False) -> SchedulerEnd | None:
     """How Slurm ended (or took back) an attempt whose tasks ended, from its job record, the notices the
     tasks were given and whether we stopped it; None when Slurm did not end it (the tasks did, or we)."""

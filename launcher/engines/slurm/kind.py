@@ -8,10 +8,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
-from launcher.engines.base import SchedulerEnd
+from launcher.engines.base import JobRecord, SchedulerEnd
 from launcher.engines.slurm.plan import Mode, job_name, run_folder
 from launcher.engines.slurm.watch import Watcher
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import SlurmSpec
 
 Say = Callable[[str], None]
 
@@ -19,7 +19,7 @@ Say = Callable[[str], None]
 class JobKind(ABC):
     mode: Mode
 
-    def __init__(self, spec: ClusterSpec, run_id: str, job_id: str | None = None, watcher: Watcher | None = None):
+    def __init__(self, spec: SlurmSpec, run_id: str, job_id: str | None = None, watcher: Watcher | None = None):
         self.spec, self.run_id, self.watcher = spec, run_id, watcher or Watcher(job_id)
         self.cfg, self.root = spec.slurm, Path(run_folder(spec, run_id))
         self.name = job_name(run_id)
@@ -29,7 +29,7 @@ class JobKind(ABC):
     def job_id(self) -> str | None:
         return self.watcher.job_id
 
-    def record(self) -> dict:
+    def record(self) -> JobRecord:
         """The job as the run record keeps it (RunRecord.job)."""
         return {"id": self.job_id, "mode": str(self.mode), "ids": self.ids(), "name": self.name}
 
@@ -49,7 +49,7 @@ class JobKind(ABC):
         """How an attempt is started (the dry run)."""
 
     @abstractmethod
-    def launch(self, attempt: int, say: Say, on_job: Callable[[dict], None]) -> str | None:
+    def launch(self, attempt: int, say: Say, on_job: Callable[[JobRecord], None]) -> str | None:
         """Start the attempt; return once its tasks are on their way (None), or why they cannot be."""
 
     @abstractmethod

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from launcher.plan import TaskPlan, cpu_devices, worker_argv
-from launcher.spec.cluster import ClusterSpec, Host
+from launcher.spec.cluster import Host, SlurmSpec
 from worker.host import layout
 from worker.host.env import task_environment, visible_devices
 
@@ -28,7 +28,7 @@ def mode_here() -> Mode:
     return Mode.ALLOCATION if os.environ.get("SLURM_JOB_ID") else Mode.BATCH
 
 
-def run_folder(spec: ClusterSpec, run_id: str) -> str:
+def run_folder(spec: SlurmSpec, run_id: str) -> str:
     """The run's folder under [slurm].workdir (seen by every node): tasks, checkpoint, batch script."""
     return layout.run_root(os.path.expanduser(spec.slurm.workdir), run_id)
 
@@ -46,21 +46,21 @@ def job_name(run_id: str) -> str:
     return f"mgpu-{run_id}"
 
 
-def common_env(spec: ClusterSpec) -> dict[str, str]:
+def common_env(spec: SlurmSpec) -> dict[str, str]:
     """What the launcher gives every task (in layout.ENV): CUDA_VISIBLE_DEVICES and the spec's env. Each task
     builds the rest on its node, with TF_CONFIG or Keras' variables, by the one builder (worker.host.env)."""
     cfg = spec.slurm
     return {**visible_devices(cfg.gpus_per_node), **(cfg.env or {})}
 
 
-def given(spec: ClusterSpec, run_id: str) -> dict:
+def given(spec: SlurmSpec, run_id: str) -> dict[str, object]:
     """What the launcher gives every task's builder on its node (written to layout.ENV): the run's id, the
     common env, the backend and, on JAX, the logical CPU devices (local_replicas on nodes without GPUs)."""
     return {"run_id": run_id, "env": common_env(spec), "backend": spec.training.backend.value,
             "cpu_devices": cpu_devices(spec, bool(spec.slurm.gpus_per_node))}
 
 
-def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
+def plan_slurm(spec: SlurmSpec, run_id: str) -> list[TaskPlan]:
     """The tasks' plans, each with what the launcher gives it (Slurm picks the nodes: no TF_CONFIG yet)."""
     cfg, root = spec.slurm, run_folder(spec, run_id)
     host, cwd = Host.model_construct(address="slurm", port=cfg.port or 0), os.path.expanduser(cfg.workdir)
@@ -70,11 +70,11 @@ def plan_slurm(spec: ClusterSpec, run_id: str) -> list[TaskPlan]:
             for i in range(cfg.nodes)]
 
 
-def described_environment(spec: ClusterSpec, run_id: str, rank: int = 0) -> dict[str, str]:
+def described_environment(spec: SlurmSpec, run_id: str, rank: int = 0) -> dict[str, str]:
     """The environment the one builder gives task `rank` on its node, for a cluster described by
     placeholders (the step's nodes in Slurm's order, each at its address: known once the job runs)."""
-    cfg, ours = spec.slurm, given(spec, run_id)
+    cfg = spec.slurm
     port = cfg.port or "<port>"
     workers = [f"<node {j}>:{port}" for j in range(cfg.nodes)]
-    return task_environment(ours["env"], workers, rank, run_id, layout.task_dir(run_folder(spec, run_id), rank),
-                            backend=spec.training.backend, cpu_devices=ours["cpu_devices"])
+    return task_environment(common_env(spec), workers, rank, run_id, layout.task_dir(run_folder(spec, run_id), rank),
+                            backend=spec.training.backend, cpu_devices=cpu_devices(spec, bool(cfg.gpus_per_node)))

@@ -9,7 +9,8 @@ import shutil
 from launcher.engines.slurm.commands import slurm
 from launcher.engines.slurm.job import gpus, parse_time, record_of
 from launcher.engines.slurm.script import batch_script, sbatch_options
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import SlurmSpec
+from launcher.spec.slurm import Slurm
 from worker.task.lines import printable
 
 BATCH_TOOLS = ("sbatch", "squeue", "scontrol", "scancel")
@@ -19,7 +20,7 @@ SHOWN = 10  # unusable nodes named in the paragraph
 SAID_MAX = 600  # characters of Slurm's own words quoted in a problem
 
 
-def batch_problems(spec: ClusterSpec, run_id: str) -> list[str]:
+def batch_problems(spec: SlurmSpec, run_id: str) -> list[str]:
     """What stops the run's job from starting on this Slurm cluster: the partition first (a node count it
     cannot grant is refused at once), then Slurm's own verdict on the request (sbatch --test-only)."""
     problems = _here(spec, BATCH_TOOLS)
@@ -36,7 +37,7 @@ def batch_problems(spec: ClusterSpec, run_id: str) -> list[str]:
     return problems
 
 
-def allocation_problems(spec: ClusterSpec, job_id: str | None) -> list[str]:
+def allocation_problems(spec: SlurmSpec, job_id: str | None) -> list[str]:
     """What stops a step of this run in the allocation `up` runs in."""
     problems = _here(spec, STEP_TOOLS)
     if problems is not None:
@@ -49,7 +50,7 @@ def allocation_problems(spec: ClusterSpec, job_id: str | None) -> list[str]:
     return problems
 
 
-def _here(spec: ClusterSpec, tools: tuple[str, ...]) -> list[str] | None:
+def _here(spec: SlurmSpec, tools: tuple[str, ...]) -> list[str] | None:
     """Slurm's commands and its controller, or what is missing (then nothing else can be asked)."""
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
@@ -65,7 +66,7 @@ def _here(spec: ClusterSpec, tools: tuple[str, ...]) -> list[str] | None:
     return None
 
 
-def _workdir(spec: ClusterSpec) -> list[str]:
+def _workdir(spec: SlurmSpec) -> list[str]:
     workdir = os.path.expanduser(spec.slurm.workdir)
     if not os.path.isdir(workdir):
         return [f"[slurm].workdir {workdir} does not exist here; it must be a folder every node sees "
@@ -75,11 +76,11 @@ def _workdir(spec: ClusterSpec) -> list[str]:
     return []
 
 
-def partition_problems(cfg, timeout: float) -> list[str]:
+def partition_problems(cfg: Slurm, timeout: float) -> list[str]:
     """The partition: it exists and is up, can grant the nodes (usable ones), the time and the GPUs."""
     listing = slurm(["scontrol", "-o", "show", "partition"], timeout)
     parts = [record_of(line) for line in listing.stdout.splitlines() if line.strip()]
-    names = [p.get("PartitionName") for p in parts]
+    names = [p.get("PartitionName", "") for p in parts]
     if cfg.partition:
         found = [p for p in parts if p.get("PartitionName") == cfg.partition]
         if not found:

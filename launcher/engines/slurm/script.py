@@ -11,8 +11,9 @@ from typing import Callable
 
 from launcher.engines.slurm.plan import JOB_OUT, described_environment, job_name, run_folder
 from launcher.plan import mask_env, worker_argv
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import SlurmSpec
 from worker.host import layout
+from worker.host.entries import SlurmArgs
 from worker.host.env import Backend
 from worker.host.spawn import module_argv
 
@@ -20,7 +21,7 @@ SAFE = re.compile(r"^[\w./@%:=+,-]+\Z")
 SHOWN_CHARS = 1000  # of one value in the dry run (TF_CONFIG grows with the nodes)
 
 
-def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
+def sbatch_options(spec: SlurmSpec, run_id: str) -> list[str]:
     """Every sbatch option of the run: ours, then the spec's own (`sbatch`, passed as they are)."""
     cfg, root = spec.slurm, run_folder(spec, run_id)
     opts = [f"--job-name={job_name(run_id)}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
@@ -38,17 +39,15 @@ def sbatch_options(spec: ClusterSpec, run_id: str) -> list[str]:
     return opts + list(cfg.sbatch)
 
 
-def srun_argv(spec: ClusterSpec, run_id: str, attempt: int) -> list[str]:
+def srun_argv(spec: SlurmSpec, run_id: str, attempt: int) -> list[str]:
     """The step: one task per node (each under the task core), the whole step ended by Slurm when one
     task fails; each task stops itself when the launcher stops touching its lifeline (layout.ALIVE)."""
     cfg, root, launch = spec.slurm, run_folder(spec, run_id), spec.launch
-    core = [*module_argv(cfg.python, "worker.task.slurm"), "--run-dir", root, "--attempt", str(attempt),
-            "--grace", f"{launch.stop_grace:g}", "--preempt-grace", f"{launch.preempt_grace:g}",
-            "--lifeline", f"{launch.lifeline:g}"]
-    if cfg.port:
-        core += ["--port", str(cfg.port)]
+    core = SlurmArgs(run_dir=root, attempt=attempt, grace=launch.stop_grace, preempt_grace=launch.preempt_grace,
+                     lifeline=launch.lifeline, port=cfg.port or None, program=worker_argv(spec, cfg.python))
     return ["srun", "--kill-on-bad-exit=1", f"--nodes={cfg.nodes}", f"--ntasks={cfg.nodes}",
-            "--ntasks-per-node=1", f"--job-name={job_name(run_id)}", *core, "--", *worker_argv(spec, cfg.python)]
+            "--ntasks-per-node=1", f"--job-name={job_name(run_id)}", *module_argv(cfg.python, core.module),
+            *core.argv()]
 
 
 def _directives(opts: list[str]) -> list[str]:
@@ -77,7 +76,7 @@ def _directives(opts: list[str]) -> list[str]:
     return lines
 
 
-def batch_script(spec: ClusterSpec, run_id: str, attempt: int) -> str:
+def batch_script(spec: SlurmSpec, run_id: str, attempt: int) -> str:
     """The job's script: one attempt, one srun step. Slurm's USR1 before the time limit (--signal) and
     its TERM on a requeue or a cancel reach the tasks, which take them as a notice; the agent decides
     what follows."""
@@ -93,7 +92,7 @@ def batch_script(spec: ClusterSpec, run_id: str, attempt: int) -> str:
     ])
 
 
-def show_environment(spec: ClusterSpec, run_id: str, say: Callable[[str], None]) -> None:
+def show_environment(spec: SlurmSpec, run_id: str, say: Callable[[str], None]) -> None:
     """The dry run's account of task 0's environment: what the one builder makes on its node (secrets masked)."""
     say(f"# task 0's environment, built on its node when it starts (the launcher's part in {layout.ENV}), for "
         "the step's nodes <node 0>..<node N-1>:")

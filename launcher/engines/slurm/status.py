@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from launcher.engines.base import JobRecord, ProbeRow
 from launcher.engines.slurm import job as jobs
 from launcher.run.states import TaskState
 from worker.host import protocol
@@ -39,7 +40,7 @@ def latest_attempt(root: Path, index: int) -> int | None:
     return found[-1] if found else None
 
 
-def job_row(job: dict, info: dict | None) -> dict:
+def job_row(job: JobRecord, info: jobs.Scontrol | None) -> dict[str, object]:
     """The job as `status` shows it: the run record's (id, ids, mode) with its `scontrol show job` record
     (None: unknown, or purged)."""
     reason = (info or {}).get("Reason")
@@ -48,13 +49,16 @@ def job_row(job: dict, info: dict | None) -> dict:
             "nodes": (info or {}).get("NodeList")}
 
 
-def task_row(root: Path, index: int, job: dict, stopping: bool) -> dict:
+def task_row(root: Path, index: int, job: dict[str, object], stopping: bool) -> ProbeRow:
     """One task as its latest attempt's records tell it (last Started, Progress, Stats, Exit) and its job."""
     attempt = latest_attempt(root, index)
     folder = layout.task_dir(root, index)
     last = last_records(layout.events_file(folder, attempt)) if attempt is not None else {}
-    started, stats, ended, progress = (last.get(k) for k in ("started", "stats", "exit", "progress"))
-    state = (job["state"] or "").upper()
+    started, stats = last.get(protocol.Started.kind), last.get(protocol.Stats.kind)
+    ended, progress = last.get(protocol.Exit.kind), last.get(protocol.Progress.kind)
+    assert isinstance(started, (protocol.Started, type(None))) and isinstance(stats, (protocol.Stats, type(None)))
+    assert isinstance(ended, (protocol.Exit, type(None))) and isinstance(progress, (protocol.Progress, type(None)))
+    state = str(job["state"] or "").upper()
     alive = state in jobs.RUNNING and started is not None and ended is None
     row = {"dir": str(folder), "pid": started.pid if started else None, "alive": alive,
            "exit_code": ended.code if ended else None, "host": started.host if started else None,

@@ -9,21 +9,23 @@ import subprocess
 import threading
 from typing import Callable
 
+from launcher.engines.base import JobRecord
 from launcher.engines.slurm.commands import slurm, spawn
 from launcher.engines.slurm.kind import JobKind, Say
 from launcher.engines.slurm.plan import Mode, step_output
 from launcher.engines.slurm.preflight import allocation_problems
 from launcher.engines.slurm.script import srun_argv
 from launcher.engines.slurm.watch import Watcher
+from launcher.spec.cluster import SlurmSpec
 
 
 class AllocationStep(JobKind):
     mode = Mode.ALLOCATION
 
-    def __init__(self, spec, run_id: str, job_id: str | None = None, ids: list[str] | None = None,
+    def __init__(self, spec: SlurmSpec, run_id: str, job_id: str | None = None, ids: list[str] | None = None,
                  watcher: Watcher | None = None):
         super().__init__(spec, run_id, job_id or os.environ.get("SLURM_JOB_ID"), watcher)  # the user's job
-        self.srun: subprocess.Popen | None = None
+        self.srun: subprocess.Popen[bytes] | None = None
 
     def title(self) -> str:
         return f"the step in allocation {self.job_id}"
@@ -35,7 +37,7 @@ class AllocationStep(JobKind):
         say(f"# inside allocation {self.job_id}: each attempt is a step run directly, in {self.root}")
         say(shlex.join(srun_argv(self.spec, self.run_id, 0)))
 
-    def launch(self, attempt: int, say: Say, on_job: Callable[[dict], None]) -> str | None:
+    def launch(self, attempt: int, say: Say, on_job: Callable[[JobRecord], None]) -> str | None:
         self.stopping = False
         on_job(self.record())
         say(f"inside allocation {self.job_id}: attempt {attempt} runs as a step of it (srun), no job of its own")
@@ -59,6 +61,7 @@ class AllocationStep(JobKind):
         return self.srun is not None and self.srun.poll() is None
 
     def _end_srun(self) -> None:
+        assert self.srun is not None  # started by launch
         try:
             self.srun.wait(self.spec.launch.stop_grace + 5.0)
         except subprocess.TimeoutExpired:
@@ -68,7 +71,7 @@ class AllocationStep(JobKind):
         return bool(self.watcher.steps(self.name)) or self._running()
 
     def close(self) -> None:
-        if self._running():  # our step goes with us
+        if self.srun is not None and self._running():  # our step goes with us
             self.cancel()
             try:
                 self.srun.wait(self.spec.launch.stop_grace + 5.0)

@@ -9,12 +9,12 @@ import time
 from typing import Callable
 
 from launcher.engines.slurm.commands import slurm
-from launcher.engines.slurm.job import record_of
+from launcher.engines.slurm.job import Scontrol, record_of
 
 POLL_S = 0.5
 
 
-def show_job(job_id: str) -> dict | None:
+def show_job(job_id: str) -> Scontrol | None:
     """The job's record as Slurm shows it now; None: purged (MinJobAge), or the controller does not answer."""
     res = slurm(["scontrol", "-o", "show", "job", job_id], 30.0)
     return record_of(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
@@ -26,12 +26,14 @@ class Watcher:
     `record()` is the last record Slurm gave (kept when it does not answer for a moment); `fresh()`
     what it says now (None: no answer, or purged)."""
 
-    def __init__(self, job_id: str | None = None, ask: Callable[[str], dict | None] = show_job,
+    def __init__(self, job_id: str | None = None, ask: Callable[[str], Scontrol | None] = show_job,
                  poll_s: float = POLL_S):
         self.ask, self.poll_s = ask, poll_s
         self._lock = threading.Lock()  # guards the fields below
         self._asking = threading.Lock()  # one question to Slurm at a time, whoever asks
-        self._job_id, self._record, self._asked_at = job_id, None, None
+        self._job_id = job_id
+        self._record: Scontrol | None = None
+        self._asked_at: float | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -49,11 +51,11 @@ class Watcher:
             self._thread = threading.Thread(target=self._poll, daemon=True, name="slurm-watcher")
             self._thread.start()
 
-    def record(self) -> dict | None:
+    def record(self) -> Scontrol | None:
         with self._lock:
             return self._record
 
-    def fresh(self, max_age: float = 0.0) -> dict | None:
+    def fresh(self, max_age: float = 0.0) -> Scontrol | None:
         """What Slurm says of the job now (what it said at most `max_age` seconds ago will do)."""
         with self._asking:
             with self._lock:

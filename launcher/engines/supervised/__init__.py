@@ -6,21 +6,22 @@ import dataclasses
 import os
 import shlex
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
-from launcher.engines.base import (BackupCopy, Engine, EngineKind, Inspecting, Landed, Launching, Result, Sink,
-                                   TaskCheck, parallel)
+from launcher.engines.base import (BackupCopy, Claim, EngineKind, Inspecting, Landed, Launching, ProbeRow, Result,
+                                   Sink, TaskCheck, parallel)
 from launcher.engines.supervised.standbys import Standbys, Started
 from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnreadable, Transport
 from launcher.plan import TaskPlan, mask_env, plan_tasks
+from launcher.spec.cluster import HostsSpec
 from worker.host import layout
 
 
-def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
+def transports_for(spec: HostsSpec, plans: list[TaskPlan]) -> list[Transport]:
     """The transport of each task: one local transport, one SSH transport per remote host."""
     local = LocalTransport()
-    remote: dict[tuple, Transport] = {}
-    out = []
+    remote: dict[tuple[str, str | None, int | None], Transport] = {}
+    out: list[Transport] = []
     for plan in plans:
         if plan.host.is_local:
             out.append(local)
@@ -34,12 +35,13 @@ def transports_for(spec, plans: list[TaskPlan]) -> list[Transport]:
     return out
 
 
-class SupervisedEngine(Engine, Launching, Inspecting):
+class SupervisedEngine(Launching, Inspecting):
     """Launches (our supervisor per task) and inspects (each task's folder on its host)."""
 
     kind = EngineKind.SUPERVISED
+    spec: HostsSpec
 
-    def __init__(self, spec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
+    def __init__(self, spec: HostsSpec, run_id: str, only: list[int] | None = None, landed: Landed | None = None):
         super().__init__(spec, run_id, only, landed)
         self.transports = dict(zip((p.index for p in self.plans), transports_for(spec, self.plans)))
         self.handles: dict[int, Handle] = {}
@@ -66,13 +68,13 @@ class SupervisedEngine(Engine, Launching, Inspecting):
         return preflight(self.spec, self.plans, [self.transports[p.index] for p in self.plans], base=base, say=say,
                          hold=for_start)
 
-    def claim_ports(self) -> list:
+    def claim_ports(self) -> Sequence[Claim]:
         from launcher.run.lock import claim_ports
 
         return claim_ports(self.run_id, self.plans)
 
     def start(self, attempt: int, sink: Sink) -> dict[int, str]:
-        plans = {}
+        plans: dict[int, TaskPlan] = {}
         if any(p.warm for p in self.plans):
             sink = Started(sink, lambda i: self.standbys.want(plans[i], attempt + 1))
 
@@ -92,22 +94,23 @@ class SupervisedEngine(Engine, Launching, Inspecting):
             if handle is not None:
                 handle.stop(broken)
 
-    def _grouped(self, indices: list[int], fn) -> list[Result[dict]]:
+    def _grouped(self, indices: list[int], fn: Callable[[Transport, list[TaskPlan]], list[ProbeRow]]
+                 ) -> list[Result[ProbeRow]]:
         """fn(transport, plans) once per host, in parallel; per task, in the order of `indices`."""
-        groups: dict = {}
+        groups: dict[Transport, list[TaskPlan]] = {}
         for i in indices:
             groups.setdefault(self.transports[i], []).append(self.plan[i])
         items = list(groups.items())
-        found: dict[int, Result[dict]] = {}
+        found: dict[int, Result[ProbeRow]] = {}
         for (transport, plans), res in zip(items, parallel(lambda g: fn(*g), items)):
             for n, plan in enumerate(plans):
-                found[plan.index] = Result(value=res.value[n]) if res.ok else Result(error=res.error)
+                found[plan.index] = Result(value=res.value[n]) if res.value is not None else Result(error=res.error)
         return [found[i] for i in indices]
 
-    def stop_from_folders(self, indices: list[int]) -> list[Result[dict]]:
+    def stop_from_folders(self, indices: list[int]) -> list[Result[ProbeRow]]:
         return self._grouped(indices, lambda t, plans: t.stop_tasks(plans))
 
-    def probe(self, indices: list[int]) -> list[Result[dict]]:
+    def probe(self, indices: list[int]) -> list[Result[ProbeRow]]:
         return self._grouped(indices, lambda t, plans: t.probe(plans))
 
     def call(self, index: int, argv: list[str], timeout: float) -> tuple[int, str, str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from launcher.engines.base import BackupCopy, Result, parallel
 from launcher.engines.supervised.transport import Transport
 from launcher.plan import TaskPlan, checkpoint_folder
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import HostsSpec
 from worker.host.spawn import module_argv
 from worker.host.startpoint import options
 from worker.task.backup import STAGE_PREFIX, Held
@@ -49,11 +49,11 @@ class Wanted:
     finished: str | None  # a run whose training finished there has nothing left to train: the newest of all
     resume_from: str | None = None
 
-    def folder(self, spec: ClusterSpec, plan: TaskPlan, run_id: str) -> str:
+    def folder(self, spec: HostsSpec, plan: TaskPlan, run_id: str) -> str:
         return self.resume_from or checkpoint_folder(spec, plan.host, run_id)
 
 
-def wanted(spec: ClusterSpec, plans: list[TaskPlan], run_id: str, first: bool) -> Wanted | None:
+def wanted(spec: HostsSpec, plans: list[TaskPlan], run_id: str, first: bool) -> Wanted | None:
     """What to bring before attempt `first` or a restart (None: nothing, the tasks start fresh)."""
     said = options(plans[0].argv)
     if not first:
@@ -76,7 +76,7 @@ def _list(folder: str, plan: TaskPlan, transport: Transport) -> list[Held]:
     return found
 
 
-def _one_folder_here(spec: ClusterSpec, plans: list[TaskPlan], run_id: str, want: Wanted) -> bool:
+def _one_folder_here(spec: HostsSpec, plans: list[TaskPlan], run_id: str, want: Wanted) -> bool:
     """Every task runs on this machine and reads one folder: nothing to list or copy."""
     return all(p.host.is_local for p in plans) and len(
         {os.path.normpath(os.path.join(p.cwd or os.getcwd(), os.path.expanduser(want.folder(spec, p, run_id))))
@@ -123,7 +123,7 @@ def _not_copied(source: Place, target: Place, exc: Exception) -> str:
             "checkpoint_dir to storage every host shares) and run the spec again")
 
 
-def share(spec: ClusterSpec, run_id: str, plans: list[TaskPlan], transports: dict[int, Transport],
+def share(spec: HostsSpec, run_id: str, plans: list[TaskPlan], transports: dict[int, Transport],
           first: bool) -> BackupCopy | None:
     """Every live host's folder holds the run's newest backup before attempt `first` or a restart (BackupCopy: what
     was done, or the error; its source None where no live host holds one: the tasks start fresh, or refuse what
@@ -150,7 +150,9 @@ def share(spec: ClusterSpec, run_id: str, plans: list[TaskPlan], transports: dic
     source = newest(list(places.values()), want)
     if source is None:
         return BackupCopy(source=None, steps_done=None, seconds=round(time.monotonic() - t0, 3))
-    copied, same, sent = [], [], 0
+    copied: list[int] = []
+    same: list[int] = []
+    sent = 0
     for place in places.values():
         if place.spare:
             continue

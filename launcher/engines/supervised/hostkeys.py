@@ -25,7 +25,7 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(self, path: str):
         self.path = path
 
-    def missing_host_key(self, client, hostname, key):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _KNOWN_HOSTS_LOCK:
@@ -42,7 +42,10 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
 def known_hosts_files(conn: Connection) -> tuple[list[str], list[str]]:
     user = conn.ssh_config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")
     system = conn.ssh_config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
-    expand = lambda v: [os.path.expanduser(p) for p in (v if isinstance(v, list) else v.split())]  # noqa: E731
+
+    def expand(v: str | list[str]) -> list[str]:
+        return [os.path.expanduser(p) for p in (v if isinstance(v, list) else v.split())]
+
     return expand(user), expand(system)
 
 

@@ -15,11 +15,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from launcher.preflight import devices, links
 from launcher.plan import TaskPlan
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import HostsSpec
 from launcher.engines.base import TaskCheck, parallel
 from launcher.engines.supervised.sync import run_sync
 from launcher.engines.supervised.transport import LocalTransport, Transport, env_line
@@ -29,23 +29,31 @@ from worker.preflight.packages import PACKAGES
 from worker.host.startpoint import Found, options
 from worker.task.lines import printable
 
+if TYPE_CHECKING:
+    from worker.preflight.doctor import Report, TaskDoc, TaskReport
+    from worker.preflight.ports import MeshTask
+
 DOCTOR_TIMEOUT_S = 60.0
 MESH_MAX_S = 10.0
 HOSTS_AT_ONCE = 16
 HOLD_S = 120.0  # how long a held doctor waits for the start
 PROBLEM_MAX = 2000  # characters of one problem a host reports
+T = TypeVar("T")
+V = TypeVar("V")
 
 
-def each(fn: Callable, items: list, width: int) -> list[tuple]:
+def each(fn: Callable[[T], V], items: list[T], width: int) -> list[tuple[V | None, str | None]]:
     """fn over items, `width` at a time: (value, None) or (None, error message) per item, in order."""
-    return [(r.value, None) if r.ok else (None, str(r.error)) for r in parallel(fn, items, width)]
+    # an error with no message still fails its item, named by its kind
+    return [(r.value, None) if r.ok else (None, str(r.error) or type(r.error).__name__)
+            for r in parallel(fn, items, width)]
 
 
 # --------------------------------------------------------------------------- what runs where
 
 def same_interpreter(plan: TaskPlan) -> bool:
     """Whether a local task's python is this process's interpreter (same file and same venv)."""
-    def identity(path: str | None):
+    def identity(path: str | None) -> tuple[str, list[str]] | None:
         if not path:
             return None
         path = os.path.abspath(path)
@@ -60,11 +68,11 @@ def same_interpreter(plan: TaskPlan) -> bool:
     return bool(found and sys.executable) and identity(found) == identity(sys.executable)
 
 
-def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
+def task_doc(spec: HostsSpec, plan: TaskPlan, cwd: bool) -> TaskDoc:
     """A task as worker.preflight.doctor reads it; `cwd`: the doctor runs elsewhere than the task's folder."""
     t = spec.training
-    doc = {"index": plan.index, "port": plan.host.port, "python": plan.python,
-           "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
+    doc: TaskDoc = {"index": plan.index, "port": plan.host.port, "python": plan.python,
+                    "writable": [posixpath.dirname(plan.run_dir)] + ([t.checkpoint_dir] if t.checkpoint_dir else [])}
     if t.entrypoint and options(plan.argv).folders:  # what the run would start from (launcher.commands.resume decides)
         doc["checkpoint"] = options(plan.argv).folders
     if cwd and plan.cwd:
@@ -80,11 +88,11 @@ def task_doc(spec: ClusterSpec, plan: TaskPlan, cwd: bool) -> dict:
 def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[TaskPlan]]:
     """The tasks that one doctor checks together: one group per host and interpreter; local tasks on
     this interpreter form one group (checked in this process)."""
-    found: dict[tuple, list[TaskPlan]] = {}
+    found: dict[tuple[object, ...], list[TaskPlan]] = {}
     for p in plans:
         t = transports[p.index]
         if isinstance(t, LocalTransport) and same_interpreter(p):
-            key: tuple = ("here",)
+            key: tuple[object, ...] = ("here",)
         else:  # a relative interpreter path is relative to the task's folder
             relative = "/" in p.python and not posixpath.isabs(p.python)
             key = (id(t), p.python, p.cwd if relative else None)
@@ -92,10 +100,14 @@ def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[Task
     return list(found.values())
 
 
-def doctor_argv(spec: ClusterSpec, group: list[TaskPlan], shared_cwd: bool) -> list[str]:
+def doctor_argv(spec: HostsSpec, group: list[TaskPlan], shared_cwd: bool) -> list[str]:
     t = spec.training
     argv = module_argv(group[0].python, "worker.preflight.doctor")
-    argv += ["--entrypoint", t.entrypoint] if t.entrypoint else ["--program", t.command[0]]
+    if t.entrypoint:
+        argv += ["--entrypoint", t.entrypoint]
+    else:
+        assert t.command is not None  # the spec sets one of the two
+        argv += ["--program", t.command[0]]
     argv += ["--backend", t.backend.value] if t.backend is not Backend.TENSORFLOW else []
     for p in group:
         argv += ["--task", json.dumps(task_doc(spec, p, cwd=not shared_cwd), separators=(",", ":"))]
@@ -118,7 +130,7 @@ def report_problem(plan: TaskPlan, shared_cwd: bool, code: int, out: str, err: s
     return None
 
 
-def told(problem) -> str:
+def told(problem: object) -> str:
     """A problem a host reported (untrusted): one line, bounded."""
     return printable(str(problem), PROBLEM_MAX)
 
@@ -128,9 +140,9 @@ def workdir_missing(plan: TaskPlan) -> str:
             "(or list files under 'sync', which creates it)")
 
 
-def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
-                mesh: list[str] | None, hold: bool = False) -> dict:
-    """One doctor for the group: its report, or {"problem": ...} for all of the group's tasks.
+def check_group(spec: HostsSpec, group: list[TaskPlan], transport: Transport,
+                mesh: list[str] | None, hold: bool = False) -> Report | str:
+    """One doctor for the group: its report, or the problem of all of the group's tasks.
 
     hold (`up`, a remote host with one task): the doctor stays, to become the task's supervisor. Without it
     (`check`), the doctor also imports the entrypoint, with the environment of the group's first task."""
@@ -139,8 +151,8 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
         from worker.preflight import doctor
 
         docs = [task_doc(spec, p, cwd=True) for p in group]
-        return doctor.check_host(docs, spec.training.entrypoint, None if spec.training.entrypoint
-                                 else spec.training.command[0], env=group[0].env if imports else None,
+        return doctor.check_host(docs, spec.training.entrypoint, spec.training.command[0] if spec.training.command
+                                 else None, env=group[0].env if imports else None,
                                  backend=spec.training.backend)
     shared_cwd = len({p.cwd for p in group}) == 1
     argv = doctor_argv(spec, group, shared_cwd) + (mesh or []) + (["--group", str(group[0].index)] if mesh else [])
@@ -155,15 +167,16 @@ def check_group(spec: ClusterSpec, group: list[TaskPlan], transport: Transport,
         code, out, err = transport.call(lead, argv, timeout)
     problem = report_problem(group[0], shared_cwd, code, out, err)
     if problem:
-        return {"problem": problem}
-    return json.loads(out.strip().splitlines()[-1])
+        return problem
+    report: Report = json.loads(out.strip().splitlines()[-1])  # Any: the host's JSON line, read by key below
+    return report
 
 
 def version_problems(checks: list[TaskCheck], backend: Backend = Backend.TENSORFLOW) -> None:
     """Python and the backend's packages (TensorFlow and tf-keras, or jax, jaxlib and keras) must match on every
     host: add a problem where they don't."""
     for key in ("python", *PACKAGES[backend]):
-        seen = {}
+        seen: dict[str | None, list[str]] = {}
         for c in checks:
             if c.versions:
                 seen.setdefault(c.versions.get(key), []).append(c.plan.host.label)
@@ -186,11 +199,11 @@ def address_problems(plans: list[TaskPlan]) -> dict[int, str]:
 
 # --------------------------------------------------------------------------- cluster check
 
-def mesh_seconds(spec: ClusterSpec) -> float:
+def mesh_seconds(spec: HostsSpec) -> float:
     return max(3.0, min(spec.launch.connect_timeout, MESH_MAX_S))
 
 
-def mesh_args(spec: ClusterSpec, plans: list[TaskPlan], found_groups: list[list[TaskPlan]]) -> list[str]:
+def mesh_args(spec: HostsSpec, plans: list[TaskPlan], found_groups: list[list[TaskPlan]]) -> list[str]:
     """The doctor's cluster-check options, the same for every host but --group (its lowest task index)."""
     group_of = {p.index: g[0].index for g in found_groups for p in g}
     peers = [[p.index, p.host.address, p.host.port, group_of[p.index]] for p in plans]
@@ -198,8 +211,10 @@ def mesh_args(spec: ClusterSpec, plans: list[TaskPlan], found_groups: list[list[
             "--seconds", f"{mesh_seconds(spec):g}"]
 
 
-def mesh_problems(plan: TaskPlan, res: dict) -> list[str]:
-    problems = []
+def mesh_problems(plan: TaskPlan, res: MeshTask | None) -> list[str]:
+    problems: list[str] = []
+    if res is None:  # its host said nothing of it
+        return problems
     if res.get("listen_error"):
         problems.append(f"cannot listen on port {plan.host.port} for the cluster check: "
                         f"{printable(str(res['listen_error']))}")
@@ -213,7 +228,7 @@ def mesh_problems(plan: TaskPlan, res: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- all of it
 
-def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path | None = None,
+def preflight(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport], base: Path | None = None,
               say: Callable[[str], None] | None = None, hold: bool = False) -> list[TaskCheck]:
     """Every check, hosts in parallel; `base` (the spec's folder) enables `sync`."""
     say = say or (lambda _msg: None)
@@ -228,8 +243,9 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
     if remote and all(error is None for _v, error in reached.values()):
         say(f"connected to {len(remote)} host(s) in {time.monotonic() - t0:.2f} s")
     for c, t in zip(checks, transports):
-        if t in reached and reached[t][1] is not None:
-            c.problems.append(reached[t][1])
+        unreached = reached[t][1] if t in reached else None
+        if unreached is not None:
+            c.problems.append(unreached)
     if any(error is not None for _v, error in reached.values()):
         return checks  # nothing more is done on any host when one cannot be reached
 
@@ -245,26 +261,29 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transpo
     t0 = time.monotonic()
     results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh, hold), found_groups,
                    len(found_groups) if with_mesh else HOSTS_AT_ONCE)  # the mesh needs all at once
-    meshes, entries = {}, {}
+    meshes: dict[int, MeshTask] = {}
+    entries: dict[int, TaskReport] = {}
     for group, (report, error) in zip(found_groups, results):
-        problem = error or (report or {}).get("problem")
-        tasks = {} if problem else {t["index"]: t for t in report["tasks"]}
+        failed = error or (report if isinstance(report, str) else None)
+        if failed:
+            for p in group:
+                checks[p.index].problems.append(failed)
+            continue
+        assert isinstance(report, dict)  # a doctor that did not fail reported
+        tasks = {t["index"]: t for t in report["tasks"]}
         for p in group:
             c = checks[p.index]
-            if problem:
-                c.problems.append(problem)
-                continue
             entry = entries[p.index] = tasks[p.index]
             c.problems += [workdir_missing(p)] if entry["no_workdir"] else [told(e) for e in entry["problems"]]
-            c.versions = report["versions"]
+            c.versions = dict(report["versions"])
             c.checkpoint = Found.from_json(entry.get("checkpoint"))
-            if report.get("mesh"):
-                meshes[p.index] = report["mesh"].get(str(p.index), {})
+            if report.get("mesh") and str(p.index) in report["mesh"]:
+                meshes[p.index] = report["mesh"][str(p.index)]
     version_problems(checks, spec.training.backend)
     devices.apply(checks, entries, say)  # equal device counts; loopback warnings; NCCL_SOCKET_IFNAME
     if with_mesh and all(c.ok for c in checks):  # else a peer's own failure would show here twice
         for c in checks:
-            c.problems += mesh_problems(c.plan, meshes.get(c.plan.index, {}))
+            c.problems += mesh_problems(c.plan, meshes.get(c.plan.index))
         if all(c.ok for c in checks):
             say(f"every worker reaches every other worker's port ({len(plans) * (len(plans) - 1)} pairs; "
                 f"all host checks {time.monotonic() - t0:.2f} s)")

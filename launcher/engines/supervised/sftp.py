@@ -9,8 +9,10 @@ import stat as statmod
 
 import paramiko
 
+from launcher.engines.supervised.transport import SyncCounts
 
-def sync_over_sftp(sftp: paramiko.SFTPClient, files: list[tuple[str, str]], workdir: str | None) -> dict:
+
+def sync_over_sftp(sftp: paramiko.SFTPClient, files: list[tuple[str, str]], workdir: str | None) -> SyncCounts:
     """Copy (local path, relative path) pairs below `workdir` over SFTP; skip unchanged files.
 
     A file counts as unchanged when the remote copy has the same size and modification time
@@ -76,9 +78,9 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str], local: 
             mode = 0o700
     try:
         rst = sftp.stat(path)
-        if not statmod.S_ISDIR(rst.st_mode):
+        if not statmod.S_ISDIR(rst.st_mode or 0):
             raise OSError(f"{path} exists on the host and is not a folder")
-        if mode is not None and statmod.S_IMODE(rst.st_mode) != mode:
+        if mode is not None and statmod.S_IMODE(rst.st_mode or 0) != mode:
             sftp.chmod(path, mode)
         made.add(path)
         return
@@ -92,7 +94,7 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str, made: set[str], local: 
             sftp.mkdir(path, mode=0o700)  # no one else enters it before its mode is set
             sftp.chmod(path, mode)  # as the local folder, whatever the host's umask
     except OSError:
-        if not statmod.S_ISDIR(sftp.stat(path).st_mode):
+        if not statmod.S_ISDIR(sftp.stat(path).st_mode or 0):
             raise
     made.add(path)
 

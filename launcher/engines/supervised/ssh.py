@@ -22,10 +22,11 @@ from fabric import Connection
 
 from launcher.plan import TaskPlan
 from launcher.spec.cluster import Host, Launch
-from launcher.engines.supervised.sshconn import HostUnreachable, close_quietly, lines, open_connection
+from launcher.engines.base import ProbeRow, Sink, pump
+from launcher.engines.supervised.sshconn import HostUnreachable, close_quietly, lines, open_connection, transport_of
 from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.sftp import sync_over_sftp
-from launcher.engines.supervised.transport import Handle, LogUnreadable, Sink, Transport, env_line, pump
+from launcher.engines.supervised.transport import Handle, LogUnreadable, SyncCounts, Transport, env_line
 from worker.host import layout
 from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
@@ -72,7 +73,7 @@ class SSHTransport(Transport):
         self.host, self.launch = host, launch
         self.lock, self.channels_lock = threading.Lock(), threading.Lock()
         self.conn: Connection | None = None
-        self.channels: set = set()  # live task channels that get keepalives
+        self.channels: set[paramiko.Channel] = set()  # live task channels that get keepalives
         self.held: dict[int, paramiko.Channel] = {}  # preflight checks waiting to become supervisors
         self.keepalive: threading.Thread | None = None
         self.closed = threading.Event()
@@ -130,7 +131,7 @@ class SSHTransport(Transport):
         MaxSessions, 10 by default) on another connection to the same host."""
         timeout = min(timeout, self.launch.connect_timeout)
         if not overflow:
-            transport = self.connection().transport
+            transport = transport_of(self.connection())
             try:
                 return transport.open_session(timeout=timeout)
             except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -142,7 +143,7 @@ class SSHTransport(Transport):
             for conn in self.extra:
                 try:
                     if conn.is_connected:
-                        return conn.transport.open_session(timeout=timeout)
+                        return transport_of(conn).open_session(timeout=timeout)
                 except (paramiko.SSHException, EOFError, OSError):
                     continue
             if self.closed.is_set():
@@ -150,7 +151,7 @@ class SSHTransport(Transport):
             conn = self._open()
             self.extra.append(conn)
         try:
-            return conn.transport.open_session(timeout=timeout)
+            return transport_of(conn).open_session(timeout=timeout)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise HostUnreachable(f"{self.where}: cannot open an SSH session: {exc}") from None
 
@@ -296,11 +297,12 @@ class SSHTransport(Transport):
                 except (OSError, EOFError, paramiko.SSHException):
                     self.forget(ch)
 
-    def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[dict]:
+    def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[ProbeRow]:
         argv = [*module_argv(plans[0].python, "worker.task.probe"), *flag, *[p.run_dir for p in plans]]
         code, out, err = self.call(plans[0], argv, timeout)
-        try:  # its last line is the report (a login script may print before it)
-            return json.loads((out.strip().splitlines() if code == 0 else [])[-1])
+        try:  # its last line is the report (a login script may print before it): the host's JSON, unchecked
+            rows: list[ProbeRow] = json.loads((out.strip().splitlines() if code == 0 else [])[-1])
+            return rows
         except (IndexError, ValueError):
             raise HostUnreachable(f"{self.where}: worker.task.probe failed: "
                                   f"{(err.strip().splitlines() or ['no report'])[-1]}") from None
@@ -320,20 +322,20 @@ class SSHTransport(Transport):
         size, _, data = out.partition(b"\n")
         return last_lines(data, tail), int(size.strip() or 0)
 
-    def probe(self, plans: list[TaskPlan]) -> list[dict]:
+    def probe(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         return self._probe_call(plans, [], CALL_TIMEOUT_S)
 
-    def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
+    def stop_tasks(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         return self._probe_call(plans, ["--stop"], CALL_TIMEOUT_S)
 
-    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict:
+    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> SyncCounts:
         try:
             return sync_over_sftp(self.connection().sftp(), files, workdir)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise HostUnreachable(f"{self.where}: sync to {workdir or 'the login folder'} failed: {exc}") from None
 
     def open_file(self, path: str, write: bool = False) -> BinaryIO:
-        sftp = self.connection().sftp()
+        sftp: paramiko.SFTPClient = self.connection().sftp()
         if write:
             folder, missing = posixpath.dirname(path), []
             while folder not in ("", "/"):
@@ -350,7 +352,7 @@ class SSHTransport(Transport):
             f.set_pipelined(True)  # writes go out without waiting for each one's answer
         else:
             f.prefetch()
-        return f  # type: ignore[return-value]  (an SFTPFile reads and writes bytes as a binary file does)
+        return f  # type: ignore[return-value]  # an SFTPFile reads and writes bytes as a binary file does
 
     def close(self) -> None:
         self.closed.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Iterator
 
 import paramiko
 from fabric import Connection
@@ -27,7 +28,8 @@ class HostUnreachable(MgpuError):
 def open_connection(host: Host, launch: Launch, where: str) -> tuple[Connection, list[str]]:
     """An open connection to `host` and the known_hosts files its key was checked against."""
     timeout = launch.connect_timeout
-    kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout}
+    kwargs: dict[str, float | list[str]] = {"banner_timeout": timeout, "auth_timeout": timeout,
+                                            "channel_timeout": timeout}
     if host.identity_file:
         kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
     try:  # fabric reads ~/.ssh/config: User, Port, IdentityFile, HostName, ProxyJump ...
@@ -88,6 +90,12 @@ def explain(host: Host, launch: Launch, known_hosts: list[str], conn: Connection
     return f"{name}: SSH failed: {type(exc).__name__}: {exc}"
 
 
+def transport_of(conn: Connection) -> paramiko.Transport:
+    """An open connection's paramiko Transport (fabric has no types: typed here, where we receive it)."""
+    transport: paramiko.Transport = conn.transport
+    return transport
+
+
 def close_quietly(thing: paramiko.Channel | Connection) -> None:
     """Close a channel or connection whose peer may be gone: closing sends a message, and on a socket
     the peer has just reset that raises (EPIPE, EOFError), which must not end the thread that closes."""
@@ -97,7 +105,7 @@ def close_quietly(thing: paramiko.Channel | Connection) -> None:
         pass
 
 
-def lines(channel: paramiko.Channel):
+def lines(channel: paramiko.Channel) -> Iterator[bytes]:
     """Lines (bytes) of a channel's output (stderr merged) until it closes."""
     buf = b""
     while True:

@@ -140,12 +140,11 @@ class Standbys:
         if standby is None:
             return None
         self.told(plan.index, None)
-        usable = standby.handle is not None and not standby.gone and standby.attempt == attempt \
-            and standby.plan == plan
-        if usable:
+        handle = standby.handle
+        if handle is not None and not standby.gone and standby.attempt == attempt and standby.plan == plan:
             standby.relay.begin(sink)
-            if standby.handle.begin():
-                return standby.handle
+            if handle.begin():
+                return handle
             standby.relay.begin(None)  # its end is no task's
         self._stop(standby)
         return None

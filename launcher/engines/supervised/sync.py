@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.plan import TaskPlan
-from launcher.spec.cluster import ClusterSpec
+from launcher.spec.cluster import HostsSpec
 from launcher.engines.base import parallel
-from launcher.engines.supervised.transport import Transport
+from launcher.engines.supervised.transport import SyncCounts, Transport
 
 SKIP_DIRS = {"__pycache__"}
 
@@ -45,27 +45,28 @@ def sync_files(items: list[str], base: Path) -> tuple[list[tuple[str, str]], lis
     return files, problems
 
 
-def run_sync(spec: ClusterSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
+def run_sync(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
              say: Callable[[str], None], width: int) -> dict[int, str]:
     """Copy the sync files to each remote (host, workdir) once, `width` hosts at a time; problems by task index."""
     files, problems = sync_files(spec.sync, base)
     if problems:
         return {p.index: "; ".join(problems) for p in plans}
-    targets: dict[tuple, list[TaskPlan]] = {}
+    targets: dict[tuple[int, str | None], list[TaskPlan]] = {}
     for p in plans:
         targets.setdefault((id(transports[p.index]), p.cwd), []).append(p)
     found_groups = list(targets.values())
 
-    def one(group: list[TaskPlan]):
+    def one(group: list[TaskPlan]) -> tuple[SyncCounts | None, float]:
         t0 = time.monotonic()
         return transports[group[0].index].sync(files, group[0].cwd), time.monotonic() - t0
 
-    found = {}
+    found: dict[int, str] = {}
     for group, res in zip(found_groups, parallel(one, found_groups, width)):
-        if not res.ok:
+        if res.value is None:  # it raised
             found.update({p.index: str(res.error) for p in group})
-        elif res.value[0] is not None:
-            result, took = res.value
+            continue
+        result, took = res.value
+        if result is not None:
             where = group[0].cwd or "the login folder"
             say(f"sync {group[0].host.label}:{where}: {result['copied']} file(s) copied "
                 f"({result['bytes'] / 1e6:.1f} MB), {result['unchanged']} unchanged, in {took:.2f} s")

@@ -13,9 +13,9 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import IO, BinaryIO, Iterator, TypedDict
 
-from launcher.engines.base import Sink, parallel, pump
+from launcher.engines.base import ProbeRow, Sink, parallel, pump
 from launcher.plan import TaskPlan
 from worker.host import layout
 from worker.host.files import read_log
@@ -28,6 +28,14 @@ MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 def env_line(plan: TaskPlan) -> bytes:
     """The task's environment for the supervisor's --env-stdin: never on a command line."""
     return (json.dumps(plan.env) + "\n").encode()
+
+
+class SyncCounts(TypedDict):
+    """What one host's `sync` did: files copied, files left as they were, bytes copied."""
+
+    copied: int
+    unchanged: int
+    bytes: int
 
 
 class LogUnreadable(OSError):
@@ -59,16 +67,21 @@ class Transport(ABC):
         """Start the task's supervisor for `attempt`; `standby`: one that waits for Handle.begin()."""
 
     @abstractmethod
-    def probe(self, plans: list[TaskPlan]) -> list[dict]:
+    def probe(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         """Per task what its folder says (worker.task.probe.probe_many), in plan order."""
 
     @abstractmethod
-    def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
+    def stop_tasks(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         """Stop tasks from their folders alone (no live handle needed)."""
 
     @abstractmethod
     def call(self, plan: TaskPlan, argv: list[str], timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
         """Run a short command in the task's folder on its host, `stdin` its input: (exit code, stdout, stderr)."""
+
+    def call_and_hold(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
+        """As call(), for a command that prints one line and then waits, kept to become the task's supervisor
+        (a transport that can_hold)."""
+        raise NotImplementedError
 
     @abstractmethod
     def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
@@ -78,7 +91,7 @@ class Transport(ABC):
         """Reach and authenticate with the host now (preflight); seconds it took."""
         return 0.0
 
-    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> dict | None:
+    def sync(self, files: list[tuple[str, str]], workdir: str | None) -> SyncCounts | None:
         """Copy (local path, relative path) files below the host's workdir; None: same file system."""
         return None
 
@@ -93,21 +106,21 @@ class Transport(ABC):
 
 
 class LocalHandle(Handle):
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
+    def __init__(self, proc: subprocess.Popen[bytes], stdin: IO[bytes]):
+        self.proc, self.stdin = proc, stdin
 
     def stop(self, broken: bool = False) -> None:
         try:
             if broken:
-                self.proc.stdin.write(BROKEN)
-            self.proc.stdin.close()  # EOF: the supervisor stops its task and reports the exit
+                self.stdin.write(BROKEN)
+            self.stdin.close()  # EOF: the supervisor stops its task and reports the exit
         except (OSError, ValueError):
             pass
 
     def begin(self) -> bool:
         try:
-            self.proc.stdin.write(GO)
-            self.proc.stdin.flush()
+            self.stdin.write(GO)
+            self.stdin.flush()
             return True
         except (OSError, ValueError):
             return False
@@ -120,7 +133,7 @@ class LocalHandle(Handle):
             return False
 
 
-def _lines(stream) -> Iterable[bytes]:
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
     while True:
         line = stream.readline(MAX_RECORD)
         if not line:
@@ -131,8 +144,8 @@ def _lines(stream) -> Iterable[bytes]:
 class LocalTransport(Transport):
     """Tasks on localhost: the supervisor is our child; its stdin pipe is its lifeline."""
 
-    def __init__(self):
-        self.calls: set[subprocess.Popen] = set()  # short commands running now: close() ends them
+    def __init__(self) -> None:
+        self.calls: set[subprocess.Popen[str]] = set()  # short commands running now: close() ends them
         self.lock = threading.Lock()
         self.closed = False
 
@@ -176,19 +189,21 @@ class LocalTransport(Transport):
             plan.supervisor_argv(attempt, standby=standby), cwd=plan.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, **OWN_GROUP,
         )
+        stdin, stdout = proc.stdin, proc.stdout
+        assert stdin is not None and stdout is not None  # both pipes
         try:
-            proc.stdin.write(env_line(plan))
-            proc.stdin.flush()
+            stdin.write(env_line(plan))
+            stdin.flush()
         except OSError:
             pass  # it died at once: its output and exit code tell why
 
         def run() -> None:
-            pump(plan.index, _lines(proc.stdout), sink,
+            pump(plan.index, _lines(stdout), sink,
                  lambda: f"its supervisor ended with code {proc.wait()} and no exit report")
             proc.wait()  # reaped also when it reported its exit
 
         threading.Thread(target=run, daemon=True).start()
-        return LocalHandle(proc)
+        return LocalHandle(proc, stdin)
 
     def read_log(self, plan: TaskPlan, offset: int, tail: int | None) -> tuple[bytes, int]:
         try:
@@ -196,18 +211,19 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise LogUnreadable(exc.strerror or str(exc)) from None
 
-    def probe(self, plans: list[TaskPlan]) -> list[dict]:
+    def probe(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         from worker.task.probe import probe_many
 
         return probe_many([_abs(p) for p in plans])
 
-    def stop_tasks(self, plans: list[TaskPlan]) -> list[dict]:
+    def stop_tasks(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         from worker.task.probe import stop
 
-        return [r.value if r.ok else {"error": str(r.error)} for r in parallel(lambda p: stop(_abs(p)), plans)]
+        return [r.value if r.value is not None else {"error": str(r.error)}
+                for r in parallel(lambda p: stop(_abs(p)), plans)]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # its own group: all of it (a shell and its sleep)
     except (ProcessLookupError, PermissionError):
