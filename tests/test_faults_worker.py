@@ -351,3 +351,17 @@ def test_a_notice_before_the_task_starts_starts_nothing_and_is_a_preemption(tmp_
     assert not of_kind(events, protocol.Started) and not marker.exists(), events
     exit_ = of_kind(events, protocol.Exit)[0]
     assert exit_.code == protocol.EXIT_PREEMPTED and exit_.notice == "SIGTERM", exit_
+
+
+def test_a_hosts_probe_row_is_read_field_by_field():
+    """What a host's probe says is untrusted: each field of the wrong kind is not known, the rest stands."""
+    from worker.host.probed import ProbeRow
+
+    row = ProbeRow.parse(json.loads('{"pid": "1", "alive": 1, "exit_code": -9, "cpu_percent": NaN, "rss": -5, '
+                                    '"progress": [1], "gpus": [{"index": 0, "util": 50, "memory_used": 1, '
+                                    '"memory_total": 2}, "x", {"index": 1}], "state": "' + "p" * 5000 + '", '
+                                    '"job": {"id": "7"}, "time": 1e400}'))
+    assert (row.pid, row.alive, row.exit_code, row.cpu_percent, row.rss, row.progress) == (None, False, -9, None,
+                                                                                          None, None)
+    assert [g.index for g in row.gpus or []] == [0] and row.state is None and row.job == {"id": "7"}
+    assert row.time is None and ProbeRow.parse([1]).error and ProbeRow.parse(row.to_json()) == row

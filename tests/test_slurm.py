@@ -758,13 +758,13 @@ def test_status_reads_a_tasks_latest_events(tmp_path):
     assert running == {"id": "41", "ids": ["40", "41"], "mode": "batch", "state": "running", "reason": None,
                        "nodes": "node[1-2]"}
     row = status.task_row(tmp_path, 0, running, stopping=False)
-    assert (row["alive"], row["host"], row["port"], row["pid"], row["exit_code"]) == (True, "node2", 20041, 1, None)
-    assert (row["progress"], row["cpu_percent"], row["rss"]) == ({"epoch": 1}, 99.0, 20) and "state" not in row
+    assert (row.alive, row.host, row.port, row.pid, row.exit_code) == (True, "node2", 20041, 1, None)
+    assert (row.progress, row.cpu_percent, row.rss, row.state) == ({"epoch": 1}, 99.0, 20, None)
     queued = status.job_row({"id": "41", "ids": ["41"], "mode": "batch"}, _job("PENDING", "Resources"))
-    assert status.task_row(tmp_path, 0, queued, stopping=False)["state"] == "pending" and queued["reason"] == "Resources"
+    assert status.task_row(tmp_path, 0, queued, stopping=False).state == "pending" and queued["reason"] == "Resources"
     ended = status.task_row(tmp_path, 1, status.job_row({"id": "41", "ids": ["41"], "mode": "batch"},
                                                         _job("CANCELLED")), stopping=True)
-    assert (ended["state"], ended["alive"], ended["pid"]) == ("stopped", False, None)
+    assert (ended.state, ended.alive, ended.pid) == ("stopped", False, None)
 
 
 def test_logs_read_a_tasks_worker_log_as_bytes(tmp_path, monkeypatch):

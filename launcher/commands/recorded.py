@@ -94,7 +94,7 @@ def settle(run: record.RunRecord) -> Seen:
         probes = _probe(run)
         for task, res in zip(run.tasks, probes):
             if res.value is not None:
-                task.seen(task_now(task.state, res.value), res.value.get("exit_code"))
+                task.seen(task_now(task.state, res.value), res.value.exit_code)
             elif task.state not in EXITED:
                 task.seen(TaskState.LOST)
         if not any(t.state in LIVE for t in run.tasks):

@@ -12,18 +12,17 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
+from typing import BinaryIO, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from launcher.plan import TaskPlan
 from launcher.spec.cluster import ClusterSpec
 from worker.host import protocol
+from worker.host.probed import ProbeRow as ProbeRow  # what a task's host says of it (read where it arrives)
 from worker.host.startpoint import Found
 
 T = TypeVar("T")
 I = TypeVar("I")
 MAX_THREADS = 32
-# Any: what a task's host says of it, JSON (worker.task.probe: pid, alive, exit_code, progress, ...), read key by key
-ProbeRow = dict[str, Any]
 JobRecord = dict[str, str | list[str] | None]  # a scheduler's job as the run record keeps it (id, mode, ids, name)
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from launcher.engines.base import TaskCheck
+from worker.host.env import NCCL_IFNAME
 
-NCCL_IFNAME = "NCCL_SOCKET_IFNAME"
 Entry = Mapping[str, Any]  # Any: a task's entry of a doctor's report (its host's JSON), read key by key in from_report
 
 

@@ -95,12 +95,11 @@ def _checked(name: str, value: Any, want: object) -> Any:  # Any: untrusted JSON
     elif typing.is_typeddict(want):
         if isinstance(value, dict):
             keys, required = typing.get_type_hints(want, include_extras=True), getattr(want, "__required_keys__")
-            unknown = next((k for k in value if k not in keys), None)
             missing = next(iter(required - value.keys()), None)
-            if unknown is not None or missing is not None:
-                raise TypeError(f"{name}: {unknown!r:.40} is not one of its keys" if unknown is not None else
-                                f"{name}: {missing!r} is missing")
-            return {k: _checked(f"{name}[{k!r}]", v, keys[k]) for k, v in value.items()}
+            if missing is not None:
+                raise TypeError(f"{name}: {missing!r} is missing")
+            # a key it does not know (another version's) is left out, not read
+            return {k: _checked(f"{name}[{k!r}]", v, keys[k]) for k, v in value.items() if k in keys}
     elif dataclasses.is_dataclass(want) and isinstance(want, type) and isinstance(value, dict):
         return build(want, value)  # a record within the record
     elif isinstance(want, type) and isinstance(value, origin or want):

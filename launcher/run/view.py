@@ -89,12 +89,15 @@ class Snapshot(_Snapshot, total=False):
     unrecorded: str | None  # `status`'s: what the record could not be told (commands.recorded)
 
 
+STATES = {s.value: s for s in TaskState}
+
+
 def _task_state(row: ProbeRow) -> TaskState:
-    if row.get("alive"):
+    if row.alive:
         return TaskState.RUNNING
-    if row.get("state"):  # an engine that knows better (a task whose Slurm job is still queued)
-        return TaskState(row["state"])
-    code = row.get("exit_code")  # its host kept no exit code: its process went away unreported
+    if row.state in STATES:  # an engine that knows better (a task whose Slurm job is still queued)
+        return STATES[row.state]
+    code = row.exit_code  # its host kept no exit code: its process went away unreported
     return end_state(TaskState.RUNNING, code, notice=False, lost=code is None)
 
 
@@ -115,7 +118,7 @@ def task_now(recorded: TaskState, row: ProbeRow | None) -> TaskState:
     """A task's state from its record and what its host says now: an end the record took from the task's exit
     report stands (a preempted task killed at the end of its grace has exit code -9 on its host); the host
     moves a task not known to have exited, or one it sees running."""
-    if not row:
+    if row is None:
         return recorded
     seen = _task_state(row)
     return recorded if recorded in EXITED and seen != TaskState.RUNNING else seen
@@ -129,13 +132,15 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
     tasks: list[TaskRow] = []
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
-        row: ProbeRow = res.value if res is not None and res.ok and res.value is not None else {}
-        progress = typed(row.get("progress") or t.progress)  # written by the training: untrusted
+        row = res.value if res is not None and res.ok else None  # None: its host not asked (or not answering)
+        seen = row or ProbeRow()
+        progress = typed(seen.progress or t.progress)  # written by the training: untrusted
         state = shown_state(t.state if run.ended else task_now(t.state, row), progress)
-        code = row.get("exit_code")
+        code = seen.exit_code
+        gpus = seen.gpus or t.gpus
         beat = progress.get("time") if state != STARTING else None  # no heartbeat before the first step
         tasks.append({
-            "index": t.index, "host": t.host, "port": t.port, "pid": row.get("pid") or t.pid,
+            "index": t.index, "host": t.host, "port": t.port, "pid": seen.pid or t.pid,
             "state": state, "exit_code": t.exit_code if code is None else code,
             "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
             "step": progress.get("step"), "steps_per_epoch": progress.get("steps_per_epoch"),
@@ -144,10 +149,11 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,
-            "cpu_percent": row.get("cpu_percent", t.cpu_percent), "rss": row.get("rss", t.rss),
+            "cpu_percent": t.cpu_percent if row is None else row.cpu_percent,
+            "rss": t.rss if row is None else row.rss,
             # its own GPUs' figures, device-wide ({index, util, memory_used, memory_total}: nvidia-smi's, MiB),
             # from its host's probe (worker.task.probe) or else as its supervisor relayed them last; else None
-            "gpus": row.get("gpus") or ([asdict(g) for g in t.gpus] if t.gpus else None), "run_dir": t.run_dir,
+            "gpus": [asdict(g) for g in gpus] if gpus else None, "run_dir": t.run_dir,
             # its warm standby for the next attempt ({pid, ready, rss, attempt}), while its launcher runs
             "standby": asdict(t.standby) if t.standby and not run.ended and alive else None, "warm": t.warm,
             "error": str(res.error) if res is not None and not res.ok else None,
@@ -164,7 +170,7 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
                          for a in run.attempts],
             "tasks": tasks, "straggler": straggler_json(tasks),
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
-            "job": next((r.value["job"] for r in probes or [] if r.ok and r.value and r.value.get("job")), None)}
+            "job": next((r.value.job for r in probes or [] if r.value is not None and r.value.job), None)}
 
 
 def straggler_json(tasks: list[TaskRow]) -> StragglerJson | None:

@@ -13,7 +13,9 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+XLA_FLAGS = "XLA_FLAGS"  # XLA's flags, ours (XLA_CPU_DEVICES) before a user's
 XLA_CPU_DEVICES = "--xla_force_host_platform_device_count"  # XLA's logical devices on the CPU platform
+NCCL_IFNAME = "NCCL_SOCKET_IFNAME"  # the interface NCCL talks on: the preflight's finding where a host has several
 
 
 class Backend(str, enum.Enum):
@@ -100,7 +102,7 @@ OWNED = {TF_CONFIG: HOSTS, TASK_INDEX: HOSTS, NUM_WORKERS: HOSTS, KERAS_BACKEND:
          VISIBLE_DEVICES: "gpus (or [slurm] gpus_per_node, [kubernetes] gpus_per_worker)",
          RUN_ID: "`up` (each run's own id)", RUN_DIR: "workdir", HOST_ADDRESS: "address"}
 OWNED_PREFIXES = {"KERAS_DISTRIBUTION_": HOSTS}  # every variable keras.distribution reads
-OWNED_FLAGS = {"XLA_FLAGS": {XLA_CPU_DEVICES: "[training] local_replicas"}}  # a flag inside a variable
+OWNED_FLAGS = {XLA_FLAGS: {XLA_CPU_DEVICES: "[training] local_replicas"}}  # a flag inside a variable
 
 
 # set in each pod by Kubernetes or by the JobSet we render, for the pod entry: refused in [kubernetes] env
@@ -176,10 +178,24 @@ def task_environment(common: dict[str, str], workers: list[str], rank: int, run_
     # the task's own address: JAX's gloo binds where the host's name resolves unless told (127.0.x.1 on many hosts)
     env = {**keras_distribution(workers, rank), **run, HOST_ADDRESS: address_of(workers[rank]), "PYTHONUNBUFFERED": "1"}
     if cpu_devices:
-        flags = " ".join(f for f in (f"{XLA_CPU_DEVICES}={cpu_devices}", common.get("XLA_FLAGS", "").strip()) if f)
-        env["XLA_FLAGS"] = flags
-        common = {**common, "XLA_FLAGS": flags}
+        flags = " ".join(f for f in (f"{XLA_CPU_DEVICES}={cpu_devices}", common.get(XLA_FLAGS, "").strip()) if f)
+        env[XLA_FLAGS] = flags
+        common = {**common, XLA_FLAGS: flags}
     return {**env, **common}
+
+
+def with_findings(found: Mapping[str, str], planned: Mapping[str, str]) -> dict[str, str]:
+    """What the launcher gives a task at each start: its planned environment (task_environment's) over what the
+    preflight found on its host (NCCL_IFNAME): a value the spec sets wins over a finding."""
+    return {**found, **planned}
+
+
+def program_environment(inherited: Mapping[str, str], given: Mapping[str, str], run_dir: str,
+                        attempt: str) -> dict[str, str]:
+    """The environment a task's program runs in, its last step (the task core's, on the host): the host's own that
+    the core inherited, what the launcher gave the task over it (with_findings, or an entry's task_environment),
+    and what is known only when the process starts (at_exec)."""
+    return {**inherited, **given, **at_exec(run_dir, attempt)}
 
 
 def at_exec(run_dir: str, attempt: str) -> dict[str, str]:

@@ -14,15 +14,16 @@ from worker.training.errors import SettingError, WorkerError
 from worker.training.groupsize import check_replicas, check_workers
 from worker.host.env import HOST_ADDRESS, NUM_PROCESSES, PROCESS_ID, TASK_INDEX
 from worker.host.env import XLA_CPU_DEVICES as HOST_DEVICES_FLAG
+from worker.host.env import XLA_FLAGS
 from worker.host.protocol import EXIT_PREEMPTED
 
 
 def split_host(local_replicas: int | None, environ: MutableMapping[str, str] = os.environ) -> None:
     """N > 1 local replicas: XLA's host platform as N devices, unless XLA_FLAGS names a count already (the task's
     environment does). Only before JAX is imported; with GPUs it changes nothing (JAX trains on them)."""
-    flags = environ.get("XLA_FLAGS", "")
+    flags = environ.get(XLA_FLAGS, "")
     if local_replicas and local_replicas > 1 and HOST_DEVICES_FLAG not in flags:
-        environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}={local_replicas}".strip()
+        environ[XLA_FLAGS] = f"{flags} {HOST_DEVICES_FLAG}={local_replicas}".strip()
 
 
 def _whole(name: str, default: int, environ: MutableMapping[str, str]) -> int:

@@ -122,7 +122,7 @@ class TaskCore:
 
     @property
     def program_env(self) -> dict[str, str]:
-        return {**os.environ, **self.setup.env, **env.at_exec(str(self.run_dir), str(self.setup.attempt))}
+        return env.program_environment(os.environ, self.setup.env, str(self.run_dir), str(self.setup.attempt))
 
     def run(self) -> int:
         s = self.setup

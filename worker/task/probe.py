@@ -9,16 +9,18 @@ import json
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from worker.host.devices import GpuFigures, gpu_figures, task_rows
+from worker.host.devices import GpuFigures, gpu_figures, task_figures
 from worker.host.protocol import FILE_MAX_BYTES, json_object
 from worker.host import layout
 from worker.host import procs
 from worker.host.env import VISIBLE_DEVICES
+from worker.host.probed import ProbeRow
 from worker.host.system import tree_rss
 
 
@@ -50,7 +52,7 @@ def _named(info: dict[str, Any], who: str = "") -> psutil.Process | None:
     return procs.same(info.get(f"{who}pid"), created) if isinstance(created, (int, float)) else None
 
 
-def _gpus(proc: psutil.Process, figures: list[GpuFigures] | None) -> list[dict[str, Any]] | None:
+def _gpus(proc: psutil.Process, figures: list[GpuFigures] | None) -> list[GpuFigures] | None:
     """The figures of the training's own GPUs: those its CUDA_VISIBLE_DEVICES names (it started with it; unset:
     every GPU of the host), None where there are none or its environment cannot be read."""
     if not figures:
@@ -59,50 +61,49 @@ def _gpus(proc: psutil.Process, figures: list[GpuFigures] | None) -> list[dict[s
         visible = proc.environ().get(VISIBLE_DEVICES)
     except psutil.Error:
         return None
-    return task_rows(figures, visible)
+    return task_figures(figures, visible) or None
 
 
-def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[dict[str, Any]]:
+def probe_many(run_dirs: list[str], cpu_window: float = 0.1) -> list[ProbeRow]:
     """What each task's folder says: pid, alive, exit code, progress, CPU% (over cpu_window), RSS and its
     GPUs' figures (`gpus`: nvidia-smi's, device-wide; one call for every task)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ProbeRow] = []
     procs: list[psutil.Process | None] = []
     for run_dir in run_dirs:
         d = Path(run_dir)
         info = task_info(d)
         proc = _named(info)
-        row: dict[str, Any] = {"dir": run_dir, "pid": info.get("pid"), "alive": proc is not None, "status": None,
-               "exit_code": _exit_code(_read(layout.file(d, layout.EXIT_CODE))), "progress": json_object(_read(layout.file(d, layout.PROGRESS))),
-               "cpu_percent": None, "rss": None, "gpus": None}
+        pid = info.get("pid")
+        rows.append(ProbeRow(dir=run_dir, pid=pid if isinstance(pid, int) else None, alive=proc is not None,
+                             exit_code=_exit_code(_read(layout.file(d, layout.EXIT_CODE))),
+                             progress=json_object(_read(layout.file(d, layout.PROGRESS)))))
         if proc is not None:
             try:
                 proc.cpu_percent(None)  # starts the measuring window
             except psutil.Error:
                 proc = None
-        rows.append(row)
         procs.append(proc)
     if any(procs) and cpu_window:
         time.sleep(cpu_window)
     figures = gpu_figures(timeout=10) if any(procs) else None
-    for row, proc in zip(rows, procs):
-        row["time"] = time.time()
+    for i, proc in enumerate(procs):
+        rows[i] = replace(rows[i], time=time.time())
         if proc is None:
             continue
         try:
-            row["cpu_percent"] = round(proc.cpu_percent(None), 1)
-            row["status"] = proc.status()
-            row["rss"] = tree_rss(proc)
+            rows[i] = replace(rows[i], cpu_percent=round(proc.cpu_percent(None), 1), status=proc.status(),
+                              rss=tree_rss(proc))
         except psutil.Error:
             continue
-        row["gpus"] = _gpus(proc, figures)
+        rows[i] = replace(rows[i], gpus=_gpus(proc, figures))
     return rows
 
 
-def probe(run_dir: str) -> dict[str, Any]:
+def probe(run_dir: str) -> ProbeRow:
     return probe_many([run_dir])[0]
 
 
-def stop(run_dir: str, grace: float = 5.0) -> dict[str, Any]:
+def stop(run_dir: str, grace: float = 5.0) -> ProbeRow:
     """Stop a task from its folder alone: its supervisor (INT: stop now), its training group, and
     every process left with the task's run id in its environment; each pid checked by create time."""
     info = task_info(Path(run_dir))
@@ -117,9 +118,9 @@ def stop(run_dir: str, grace: float = 5.0) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--stop"]:
-        print(json.dumps([stop(d) for d in args[1:]]))
+        print(json.dumps([stop(d).to_json() for d in args[1:]]))
     else:
-        print(json.dumps(probe_many(args)))
+        print(json.dumps([row.to_json() for row in probe_many(args)]))
     return 0
 
 

@@ -60,14 +60,15 @@ def task_row(root: Path, index: int, job: dict[str, object], stopping: bool) -> 
     assert isinstance(ended, (protocol.Exit, type(None))) and isinstance(progress, (protocol.Progress, type(None)))
     state = str(job["state"] or "").upper()
     alive = state in jobs.RUNNING and started is not None and ended is None
-    row = {"dir": str(folder), "pid": started.pid if started else None, "alive": alive,
-           "exit_code": ended.code if ended else None, "host": started.host if started else None,
-           "port": started.port if started else None, "progress": progress.progress if progress else None,
-           "cpu_percent": stats.cpu_percent if alive and stats else None,
-           "rss": stats.rss if alive and stats else None, "status": stats.status if alive and stats else None,
-           "gpus": None, "time": time.time(), "job": job}  # its GPUs: as its supervisor relayed them (the record)
+    known = None
     if state in jobs.QUEUED or (state in jobs.RUNNING and not alive and ended is None):
-        row["state"] = str(TaskState.PENDING)
+        known = str(TaskState.PENDING)
     elif not alive and ended is None and stopping:
-        row["state"] = str(TaskState.STOPPED)
-    return row
+        known = str(TaskState.STOPPED)
+    # its GPUs: as its supervisor relayed them (the record)
+    return ProbeRow(dir=str(folder), pid=started.pid if started else None, alive=alive,
+                    exit_code=ended.code if ended else None, host=started.host if started else None,
+                    port=started.port if started else None, progress=progress.progress if progress else None,
+                    cpu_percent=stats.cpu_percent if alive and stats else None,
+                    rss=stats.rss if alive and stats else None, status=stats.status if alive and stats else None,
+                    time=time.time(), job=job, state=known)

@@ -15,6 +15,7 @@ from launcher.engines.supervised.transport import Handle, LocalTransport, LogUnr
 from launcher.plan import TaskPlan, mask_env, plan_tasks
 from launcher.spec.cluster import HostsSpec
 from worker.host import layout
+from worker.host.env import with_findings
 
 
 def transports_for(spec: HostsSpec, plans: list[TaskPlan]) -> list[Transport]:
@@ -80,7 +81,7 @@ class SupervisedEngine(Launching, Inspecting):
 
         def one(plan: TaskPlan) -> None:
             found = self.landed.found_env(plan.index) if self.landed is not None else {}
-            plan = plans[plan.index] = dataclasses.replace(plan, env={**found, **plan.env})  # the spec's value wins
+            plan = plans[plan.index] = dataclasses.replace(plan, env=with_findings(found, plan.env))
             # kept at once: a stop (Ctrl-C) that comes while other tasks still start must find it
             self.handles[plan.index] = self.standbys.take(plan, attempt, sink) or \
                 self.transports[plan.index].start(plan, attempt, sink)

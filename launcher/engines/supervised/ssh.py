@@ -300,9 +300,11 @@ class SSHTransport(Transport):
     def _probe_call(self, plans: list[TaskPlan], flag: list[str], timeout: float) -> list[ProbeRow]:
         argv = [*module_argv(plans[0].python, "worker.task.probe"), *flag, *[p.run_dir for p in plans]]
         code, out, err = self.call(plans[0], argv, timeout)
-        try:  # its last line is the report (a login script may print before it): the host's JSON, unchecked
-            rows: list[ProbeRow] = json.loads((out.strip().splitlines() if code == 0 else [])[-1])
-            return rows
+        try:  # its last line is the report (a login script may print before it): the host's JSON, read here
+            rows = json.loads((out.strip().splitlines() if code == 0 else [])[-1])
+            if not isinstance(rows, list) or len(rows) != len(plans):
+                raise ValueError("not one row per task")
+            return [ProbeRow.parse(row) for row in rows]
         except (IndexError, ValueError):
             raise HostUnreachable(f"{self.where}: worker.task.probe failed: "
                                   f"{(err.strip().splitlines() or ['no report'])[-1]}") from None

@@ -219,7 +219,7 @@ class LocalTransport(Transport):
     def stop_tasks(self, plans: list[TaskPlan]) -> list[ProbeRow]:
         from worker.task.probe import stop
 
-        return [r.value if r.value is not None else {"error": str(r.error)}
+        return [r.value if r.value is not None else ProbeRow(error=str(r.error))
                 for r in parallel(lambda p: stop(_abs(p)), plans)]
 
 
