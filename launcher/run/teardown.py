@@ -13,6 +13,7 @@ from launcher.run.attempt import LiveAttempt
 from launcher.run.record import RunRecord
 from launcher.run.states import TaskState, end_state
 from worker.host import protocol
+from worker.host.clock import Deadline
 
 SLACK_S = 8.0  # beyond stop_grace, how long to wait for exit reports before acting alone
 TICK_S = 0.5
@@ -23,10 +24,10 @@ Say = Callable[[str], None]
 def collect(run: RunRecord, live: LiveAttempt, seconds: float, say: Say) -> None:
     """Take the exit reports of the attempt's live tasks for up to `seconds`; a task stopped on the way
     is recorded stopped (preempted when it had notice); one that failed or was preempted stays so."""
-    deadline = time.monotonic() + seconds
-    while live.live and (left := deadline - time.monotonic()) > 0:
+    deadline = Deadline.after(seconds)
+    while live.live and not deadline.passed:
         try:
-            index, ev = live.events.get(timeout=min(TICK_S, left))
+            index, ev = live.events.get(timeout=min(TICK_S, deadline.left()))
         except queue.Empty:
             continue
         if index not in live.live:

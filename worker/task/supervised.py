@@ -60,8 +60,8 @@ def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> Non
     last = time.monotonic()
     said = said[-16:]  # the last words said (the launcher's keepalives are empty lines)
     while True:
-        if sup.setup.standby and not sup.begun.is_set() and GO in said:
-            sup.begin()
+        if sup.setup.standby and not sup.warm_start.begun.is_set() and GO in said:
+            sup.warm_start.begin()
         if lifeline and not select.select([0], [], [], 1.0)[0]:
             if time.monotonic() - last > lifeline:
                 return sup.stop(f"no word from the launcher for {lifeline:g} s")

@@ -28,6 +28,7 @@ from launcher.engines.supervised.shell import shell_command
 from launcher.engines.supervised.sftp import sync_over_sftp
 from launcher.engines.supervised.transport import Handle, LogUnreadable, SyncCounts, Transport, env_line
 from worker.host import layout
+from worker.host.clock import Deadline
 from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
 from worker.host.protocol import BROKEN, GO
@@ -177,7 +178,7 @@ class SSHTransport(Transport):
 
     def run_bytes(self, command: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
         """As run(), its output as the bytes the command wrote."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         ch = self._exec(command, timeout)
         out, err = bytearray(), bytearray()
 
@@ -192,10 +193,10 @@ class SSHTransport(Transport):
             ch.shutdown_write()  # no one types: the command sees EOF on stdin
             while not ch.status_event.wait(POLL_S):
                 drain()
-                if time.monotonic() > deadline:
+                if deadline.passed:
                     raise HostUnreachable(f"{self.where}: '{command[:80]}' did not finish within {timeout:g} s")
-            tail_until = min(deadline, time.monotonic() + TAIL_S)
-            while not ch.eof_received and time.monotonic() < tail_until:
+            tail = Deadline.after(min(deadline.left(), TAIL_S))
+            while not ch.eof_received and not tail.passed:
                 drain()
                 time.sleep(POLL_S)
             drain()
@@ -215,7 +216,7 @@ class SSHTransport(Transport):
     def call_and_hold(self, plan: TaskPlan, argv: list[str], timeout: float) -> tuple[int, str, str]:
         """As call(), for a command that prints one line and then waits (`worker.preflight.doctor --hold`): that
         line, with the channel kept for start(); or, when it ended instead, what call() would give."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         ch = self._exec(shell_command(argv, plan.cwd), timeout)
         out, err = bytearray(), bytearray()
         try:
@@ -232,7 +233,7 @@ class SSHTransport(Transport):
                     code = ch.recv_exit_status()
                     close_quietly(ch)
                     return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-                elif time.monotonic() > deadline:
+                elif deadline.passed:
                     close_quietly(ch)
                     raise HostUnreachable(f"{self.where}: the host check did not answer within {timeout:g} s")
                 else:

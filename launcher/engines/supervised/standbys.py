@@ -7,7 +7,6 @@ stopped with the engine.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,6 +14,7 @@ from launcher.engines.base import Sink, StandbyState
 from launcher.engines.supervised.transport import Handle, Transport
 from launcher.plan import TaskPlan
 from worker.host import protocol
+from worker.host.clock import Deadline
 
 REPLACEMENTS = 3  # per task and run: a standby that keeps dying (a broken environment) is not started again
 CLOSE_WAIT_S = 5.0  # a standby stops in well under a second (TERM, KILL after 0.5 s)
@@ -163,12 +163,12 @@ class Standbys:
         for standby in left:
             self._stop(standby)
             self.told(standby.plan.index, None)
-        deadline = time.monotonic() + CLOSE_WAIT_S
+        deadline = Deadline.after(CLOSE_WAIT_S)
         for starting in self.starting:  # one being started now stops itself once started (_start)
-            starting.join(max(0.0, deadline - time.monotonic()))
+            starting.join(deadline.left())
         for standby in left:
             if standby.handle is not None:
-                standby.handle.wait(max(0.0, deadline - time.monotonic()))
+                standby.handle.wait(deadline.left())
 
 
 class Started:
