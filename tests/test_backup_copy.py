@@ -38,13 +38,25 @@ def cli(tmp_path, th):
     assert not left, f"processes of the run left on the hosts: {[(p.pid, p.info['cmdline']) for p in left]}"
 
 
+def workdir_of(tmp_path, th) -> str:
+    return f"{th.disk}{tmp_path}"
+
+
+def put_program(tmp_path, th, i: int) -> None:
+    """Host i's workdir on its own disk, with the paced digits example (paced.py) and a program that notes its
+    environment at each attempt (env_each.py) in it."""
+    workdir = workdir_of(tmp_path, th)
+    for name, text in (("paced.py", paced_source(PACE_S)), ("env_each.py", ENV_EACH_ATTEMPT)):
+        subprocess.run(["ssh", "-F", str(th.ssh_config), th.addresses[i], f"mkdir -p {workdir} && cat > {workdir}/{name}"],
+                       input=text.encode(), check=True, timeout=60)
+
+
 def write_spec(tmp_path, th, training: str, launch: str = "", n: int = 2) -> os.PathLike:
     """`n` hosts, each with its workdir on its own disk (its path holds the test's folder: the orphan check finds
     the run's processes by it)."""
     workdir = f"{th.disk}{tmp_path}"
-    for address in th.addresses[:n]:  # on each host's own disk, with the paced digits example in it
-        subprocess.run(["ssh", "-F", str(th.ssh_config), address, f"mkdir -p {workdir} && cat > {workdir}/paced.py"],
-                       input=paced_source(PACE_S).encode(), check=True, timeout=60)
+    for i in range(n):
+        put_program(tmp_path, th, i)
     hosts = "".join(f'[[hosts]]\naddress = "{a}"\nport = {PORT}\n' for a in th.addresses[:n])
     spec = tmp_path / "cluster.toml"
     spec.write_text(f'''[defaults]
@@ -146,15 +158,18 @@ def equal_weights(weights, tasks: list[int]) -> None:
     assert diff <= 1e-6, f"the tasks ended with different weights (max abs diff {diff})"
 
 
-def test_the_chiefs_host_crashed_shrinks_and_the_group_goes_on_from_the_spare_copy_on_another_host(cli, th, tmp_path):
+def test_the_chiefs_host_crashed_shrinks_from_the_spare_copy_and_is_taken_back_when_it_answers_again(cli, th, tmp_path):
     """min_hosts = 2 of 3, the chief's host crashed (its disk, with the chief's backup, gone with it): task 1's host
     kept a spare copy at each backup, which every live host is given, and the group goes on from its step,
-    rescaled by the total replicas (2 local replicas each: 6 in sync, then 4)."""
+    rescaled by the total replicas (2 local replicas each: 6 in sync, then 4). The host comes back (its sshd
+    started again, its disk empty): it answers and passes the preflight, the group saves at its next step and
+    takes it back (the backup copied to it), at the spec's global batch again, and every host ends with equal
+    weights (issues 50 and 52)."""
     weights = tmp_path / "weights"
     weights.mkdir()
     spec = write_spec(tmp_path, th, f'''entrypoint = "paced:task"
-epochs = 2
-steps_per_epoch = 12
+epochs = 3
+steps_per_epoch = 30
 batch_size_per_replica = 16
 checkpoint_every_steps = 4
 local_replicas = 2
@@ -164,15 +179,18 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "min_hosts = 2", n=3)
             st = wait_for(lambda: up.poll() is not None or steps(cli, 5), 240, "every task past global step 5")
             assert st is not True, up.communicate()[0]  # up ended first
             th.crash(0)  # the chief's host, and its disk with the chief's backup
-            out, _ = up.communicate(timeout=300)
+            wait_for(lambda: up.poll() is not None or (latest_state(cli) or {}).get("hosts_lost") == [0], 120,
+                     "task 0 left out")
+            th.revive(0)  # back, with an empty disk: its workdir and the program made again, as a host's own
+            put_program(tmp_path, th, 0)
+            out, _ = up.communicate(timeout=400)
     finally:
         th.revive(0)
     assert up.returncode == 0, out
     assert f"task 0 ({th.addresses[0]}:{PORT}) is left out" in out and "going on with 2 task(s)" in out, out
     assert "6 replica(s) in sync, global batch 96 (16/replica)" in out, out  # 3 workers x 2 local replicas
-    after = out[out.index("going on with 2 task(s)"):]
-    assert "4 replica(s) in sync, global batch 64 (16/replica)" in after, out  # rescaled by the total
-    assert ": succeeded, 4 replicas in sync" in after, out  # the group that ended, not the one that began
+    shrunk = out[out.index("going on with 2 task(s)"):]
+    assert "4 replica(s) in sync, global batch 64 (16/replica)" in shrunk, out  # rescaled by the total
     # either host's spare: each keeps one at every backup (the newer where the crash cut one short)
     copied = re.search(rf"copied the run's backup \(global step (\d+)\) from the spare copy kept by task [12] "
                        rf"\(198[\d.]+:{PORT}\) to task 1 \(\S+\), task 2 \(\S+\): [\d.]+ MB in "
@@ -180,13 +198,93 @@ args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', "min_hosts = 2", n=3)
     assert copied and copied.group(1) == copied.group(2), out
     saved = int(copied.group(1))
     assert saved % 4 == 0 and saved >= 4, out
-    epoch, step = divmod(saved, 12)
-    assert f"resuming at epoch {epoch + 1}" in out, out
+    assert f"resuming at epoch {saved // 30 + 1}" in out, out
+    # taken back: the group saved on notice, the backup went to the host that came back, the spec's batch again
+    assert f"task 0 ({th.addresses[0]}:{PORT}) answers again and passed the preflight" in shrunk, out
+    grown = shrunk[shrunk.index("going on with 3 task(s)"):]
+    assert re.search(rf"copied the run's backup \(global step \d+\) from \S.* to task 0 \({re.escape(th.addresses[0])}:"
+                     rf"{PORT}\)", grown), out
+    assert "6 replica(s) in sync, global batch 96 (16/replica)" in grown, out
+    assert ": succeeded, 6 replicas in sync" in grown, out  # the group that ended
     snap = status_json(cli)
-    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [0] and snap["tasks"][0]["state"] == "lost", snap
-    assert snap["attempts"][-1]["tasks"] == [1, 2] and snap["attempts"][-1]["outcome"] == "succeeded", snap
-    assert snap["attempts"][1]["phases"]["copy_bytes"] > 0, snap["attempts"][1]["phases"]
-    equal_weights(weights, [1, 2])
+    assert snap["state"] == "succeeded" and snap["hosts_lost"] == [], snap
+    assert [(r["kind"], r["tasks"]) for r in snap["regroups"]] == [("shrank", [0]), ("grew", [0])], snap["regroups"]
+    outcomes = [a["outcome"] for a in snap["attempts"]]
+    assert outcomes == ["shrunk", "regrouped", "succeeded"] and snap["restarts"] == 0, snap["attempts"]
+    assert snap["attempts"][-1]["tasks"] == [0, 1, 2] and snap["attempts"][1]["phases"]["copy_bytes"] > 0, snap
+    assert snap["regroups"][1]["took_s"] and snap["regroups"][1]["took_s"] > 0, snap["regroups"]
+    # no saved step lost or trained twice: the grown group resumed at the step the shrunk one saved on notice
+    ph = snap["attempts"][2]["phases"]
+    assert ph["resumed_step"] == ph["reached_step"] and ph["steps_redone"] == 0, ph
+    assert "in group s" in out, out  # each host's time in the group, in the end table
+    equal_weights(weights, [0, 1, 2])
+
+
+ENV_EACH_ATTEMPT = """
+import json, os, sys, time
+d = os.environ["MGPU_RUN_DIR"]
+json.dump({k: os.environ.get(k) for k in ("MGPU_TASK_INDEX", "MGPU_NUM_WORKERS", "NCCL_SOCKET_IFNAME", "TF_CONFIG")},
+          open(os.path.join(d, f"seen-{os.environ['MGPU_ATTEMPT']}.json"), "w"))
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.2)
+"""
+
+
+def test_a_host_that_comes_back_and_fails_again_is_kept_out_longer_each_time_and_the_run_still_ends(cli, th, tmp_path):
+    """min_hosts = 1 of 2, a `command` (a regroup starts it again): host 0 crashes, comes back and is taken back,
+    three times over. Each time it is lost again soon after it came back it is kept out for a cooldown first, twice
+    as long each time (rejoin_cooldown = 2, then 4); growing and shrinking spend no restart, and the run ends when
+    its program does. Task 1 keeps its index (MGPU_TASK_INDEX) while its rank follows the group (TF_CONFIG), and
+    the NCCL_SOCKET_IFNAME the preflight found for its host (kept in the run record: no preflight at a shrink)."""
+    end = tmp_path / "end"
+    spec = write_spec(tmp_path, th, f'command = ["{PY}", "env_each.py", "{end}"]',
+                      "min_hosts = 1\nrejoin_cooldown = 2\nrejoin_cooldown_max = 8")
+
+    def at(attempt: int, tasks: list[int]):
+        st = latest_state(cli)
+        return st and st["attempt"] == attempt and st["state"] == "running" and st["attempts"][-1]["tasks"] == tasks
+
+    try:
+        with cli.running("up", spec) as up:
+            for n in range(3):
+                wait_for(lambda: up.poll() is not None or at(2 * n, [0, 1]), 180, f"both tasks in attempt {2 * n}")
+                assert up.poll() is None, up.communicate()[0]
+                th.crash(0)
+                wait_for(lambda: up.poll() is not None or at(2 * n + 1, [1]), 120, "the group going on without task 0")
+                assert up.poll() is None, up.communicate()[0]
+                if n < 2:
+                    th.revive(0)
+                    put_program(tmp_path, th, 0)  # its workdir, on the empty disk it came back with
+            end.write_text("")
+            out, _ = up.communicate(timeout=120)
+    finally:
+        th.revive(0)
+    assert up.returncode == 0, out
+    host = f"task 0 ({th.addresses[0]}:{PORT})"
+    assert out.count(f"{host} is left out") == 3 and out.count(f"{host} answers again and passed the preflight") == 2
+    assert "it is asked again from time to time" in out, out  # the first loss: no cooldown
+    kept = re.findall(r"so it is kept out for ([\d.]+) s", out)
+    assert kept == ["2", "4"], out  # lost again soon after it came back: twice as long each time
+    snap = status_json(cli)
+    assert snap["state"] == "succeeded" and snap["restarts"] == 0 and snap["hosts_lost"] == [0], snap
+    assert [(r["kind"], r["tasks"]) for r in snap["regroups"]] == [("shrank", [0]), ("grew", [0])] * 2 + [
+        ("shrank", [0])], snap["regroups"]
+    assert [a["outcome"] for a in snap["attempts"]] == ["shrunk", "regrouped"] * 2 + ["shrunk", "succeeded"]
+    # task 1 in each attempt: its index kept, its rank and the workers as the group was then, its host's finding kept
+    # (an attempt whose host 0 crashed at once may have ended task 1's program before it wrote; those alone ran)
+    listing = subprocess.run(["ssh", "-n", "-F", str(th.ssh_config), th.addresses[1],
+                              f"cd {workdir_of(tmp_path, th)}/{snap['tasks'][1]['run_dir']} && head -v seen-*.json"],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=True).stdout
+    seen = {int(n): json.loads(text) for n, text in re.findall(r"==> seen-(\d+)\.json <==\n(.*)", listing)}
+    assert {1, 3, 5} <= set(seen), listing  # task 1 alone: it ran until the group grew (or the end)
+    for attempt, env in seen.items():
+        alone = attempt % 2 == 1
+        assert env["MGPU_TASK_INDEX"] == "1" and env["MGPU_NUM_WORKERS"] == ("1" if alone else "2"), (attempt, env)
+        assert json.loads(env["TF_CONFIG"])["task"]["index"] == (0 if alone else 1), (attempt, env)
+    assert json.loads(seen[1]["TF_CONFIG"])["cluster"]["worker"] == [f"{th.addresses[1]}:{PORT}"], seen[1]
+    found = latest_state(cli)["tasks"][1]["env_found"]  # the preflight's, at the start: kept for every attempt
+    assert found["NCCL_SOCKET_IFNAME"] and all(env["NCCL_SOCKET_IFNAME"] == found["NCCL_SOCKET_IFNAME"]
+                                               for env in seen.values()), (found, seen)
 
 
 PACED_JAX = '''

@@ -41,6 +41,8 @@ KEYS = [
     ("hosts", "launch", "stop_grace", WEEK_S),
     ("hosts", "launch", "preempt_grace", 65535),
     ("hosts", "launch", "min_hosts", 1),  # at most the hosts listed
+    ("hosts", "launch", "rejoin_cooldown_max", WEEK_S),
+    ("hosts", "launch", "regroup_share", 1.0),
     ("slurm", "slurm", "nodes", 65533),
     ("slurm", "slurm", "gpus_per_node", DEVICES_MAX),
     ("slurm", "slurm", "port", 65535),
@@ -104,7 +106,8 @@ def test_kubernetes_quantities_are_bounded(tmp_path):
 def largest(engine: str, *extra: tuple[str, str, str]) -> str:
     keys = [(t, k, repr(v)) for e, t, k, v in KEYS if e in (engine, "hosts") and t not in ("hosts", "defaults")]
     keys = [s for s in keys if not (engine == "kubernetes" and s[1] in (  # [launch] keys a JobSet does not use
-        "connect_timeout", "start_timeout", "heartbeat_timeout", "max_preemptions"))]
+        "connect_timeout", "start_timeout", "heartbeat_timeout", "max_preemptions", "rejoin_cooldown_max",
+        "regroup_share"))]
     keys = [s for s in keys if s[1] not in ("min_hosts", "local_replicas")]  # hosts only; GPUs are the replicas
     return toml(engine, *keys, *extra)
 

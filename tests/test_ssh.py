@@ -743,50 +743,6 @@ def test_jump_host_from_ssh_config(th, tmp_path):
     assert not wait_gone(tmp_path, 10)
 
 
-ENV_EACH_ATTEMPT = """
-import json, os, sys, time
-d = os.environ["MGPU_RUN_DIR"]
-n = len([f for f in os.listdir(d) if f.startswith("seen-")])
-json.dump({k: os.environ.get(k) for k in ("MGPU_TASK_INDEX", "MGPU_NUM_WORKERS", "NCCL_SOCKET_IFNAME", "TF_CONFIG")},
-          open(os.path.join(d, f"seen-{n}.json"), "w"))
-if n == 0:
-    time.sleep(600)
-"""
-
-
-@needs_root
-def test_elastic_shrink_keeps_each_tasks_index_and_the_preflights_findings(cli, th, tmp_path):
-    """Host 1 of 3 lost: the run goes on with tasks 0 and 2; task 2 is still task 2 (MGPU_TASK_INDEX), rank 1
-    of 2 in TF_CONFIG, and keeps the NCCL_SOCKET_IFNAME the preflight found for its host (kept in the run
-    record; no preflight runs at a shrink)."""
-    victim = 1
-    spec = write_spec(tmp_path, th.addresses[:3], {"command": [PY, "-c", ENV_EACH_ATTEMPT]},
-                      launch={"min_hosts": 2, "heartbeat_timeout": 60})
-
-    def all_started():
-        st = latest_state(cli)
-        return st if st and all((task_dir(tmp_path, st, i) / "seen-0.json").exists() for i in range(3)) else None
-
-    try:
-        code, out = cli.up_while(spec, all_started, lambda _up, _st: th.crash(victim), "every task started",
-                                 ready_timeout=120, timeout=180)
-    finally:
-        th.revive(victim)
-    assert code == 0 and "going on with 2 task(s)" in out, out
-    st = latest_state(cli)
-    seen = {i: [json.loads((task_dir(tmp_path, st, i) / f"seen-{n}.json").read_text()) for n in (0, 1)]
-            for i in (0, 2)}
-    before, after = seen[2]
-    assert before["NCCL_SOCKET_IFNAME"], before  # the preflight found the interface of its address
-    assert after["MGPU_TASK_INDEX"] == "2" and after["MGPU_NUM_WORKERS"] == "2", after
-    assert after["NCCL_SOCKET_IFNAME"] == before["NCCL_SOCKET_IFNAME"], (before, after)
-    assert json.loads(after["TF_CONFIG"])["task"]["index"] == 1
-    assert json.loads(after["TF_CONFIG"])["cluster"]["worker"] == [f"{th.addresses[i]}:{PORT}" for i in (0, 2)]
-    assert seen[0][1]["MGPU_TASK_INDEX"] == "0"
-    assert st["tasks"][2]["env_found"] == {"NCCL_SOCKET_IFNAME": before["NCCL_SOCKET_IFNAME"]}, st["tasks"][2]
-    assert not wait_gone(tmp_path, 30)
-
-
 @needs_root
 def test_task_environment_is_not_on_a_remote_command_line(cli, th, tmp_path):
     spec = write_spec(tmp_path, th.addresses[:1], tick(), defaults={"env": {"API_TOKEN": "hunter2"}})

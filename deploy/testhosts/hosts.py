@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .cluster_toml import DEFAULT_PORT, render_cluster_toml
 from .system import (TestHostsError, _claim_bridge, _kill, _kill_netns, _link_names, _netns_list, _netns_pids, _run,
-                     _sshd_version, _tail, _write, netns_usage)
+                     _sshd_version, _tail, _write, clear_stale_rehash_lock, netns_usage)
 
 SSHD = "/usr/sbin/sshd"
 FIRST_HOST = 11  # host i gets 198.18.<k>.(11 + i); the bridge is .1
@@ -386,8 +386,10 @@ class TestHosts:
         return netns_usage([h.netns for h in self.hosts])
 
     def crash(self, i: int) -> list[int]:
-        """Kill (SIGKILL) every process of host i, sshd included; returns the pids killed."""
+        """Kill (SIGKILL) every process of host i, sshd included; returns the pids killed. A login shell killed on
+        its way leaves no stale pyenv lock behind (this machine's ~/.bashrc rehashes at each login)."""
         killed = _kill_netns(self._check(i).netns, reap=self._reap)
+        clear_stale_rehash_lock()
         proc = self._procs.pop(i, None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -78,6 +78,23 @@ def _kill_netns(netns: str, timeout: float = 5.0, reap=lambda: None) -> list[int
         time.sleep(0.01)
 
 
+def clear_stale_rehash_lock() -> bool:
+    """A login shell killed by `crash` while pyenv's ~/.bashrc hook rehashed leaves pyenv's lock file behind, and
+    every later login then waits 60 s for it (PYENV_REHASH_TIMEOUT): removed where no rehash runs. True if it was."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    lock = root / "shims" / ".pyenv-shim"
+    if not lock.exists():
+        return False
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"pyenv-rehash" in (proc / "cmdline").read_bytes():
+                return False  # a rehash runs: its lock
+        except OSError:
+            continue
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def _used_third_octets() -> set[tuple[int, int]]:
     """(second, third) octets of 198.18.0.0/15 subnets already in use in this namespace."""
     out = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout

@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
-                   "stopped": "#7f8c8d", None: "#95a5a6"}
+                   "regrouped": "#16a085", "stopped": "#7f8c8d", None: "#95a5a6"}
 PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67e22", "training": "#27ae60",
                  "teardown": "#7f8c8d", "detected": "#c0392b", "spawn": "#f1c40f",  # the last four: a restart's
                  "backup copy": "#16a085", "steps redone": "#a04000"}
-EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad"}
+EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad",
+                 "back": "#16a085"}
 BAR, LINE = "#9ecae1", "#08519c"
 MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark is labelled
 SPLIT: tuple[tuple[Literal["compute_ms", "wait_ms"], str, str], ...] = (

@@ -15,7 +15,8 @@ from launcher.run.states import AttemptOutcome, AttemptPhase, RunPhase, RunState
 OUTCOMES = {str(o) for o in AttemptOutcome}
 KINDS = {str(k) for k in FailureKind}
 ENDED = {str(s) for s in RunState if s.ended}
-SWITCHES = {"preempted": ("preemption", "preemption"), "shrunk": ("lost", "host lost")}  # the outcome before
+SWITCHES = {"preempted": ("preemption", "preemption"), "shrunk": ("lost", "host lost"),  # the outcome before
+            "regrouped": ("back", "host taken back")}
 WORDS = {"lost": "was lost (its host or supervisor went away or fell silent)",
          "hung": "hung (no progress for longer than heartbeat_timeout)", "not_started": "did not start",
          "port_taken": "found its port taken", "scheduler": "was ended by the scheduler",

@@ -267,6 +267,12 @@ class Launching(Engine):
         failed and these tasks' TERM is a save with the whole group (the built-in runner's), which cannot land:
         where the engine can, KILL follows TERM shortly, not after stop_grace."""
 
+    def regroup(self, indices: list[int]) -> list[int]:
+        """Give these live tasks notice that the group regroups (a lost host is back): each saves with its group
+        and ends, as on a preemption's notice, and its Exit follows on the sink. The tasks it could not tell (None
+        of them where the engine cannot regroup: the caller grows no group then)."""
+        return list(indices)
+
     def verdict(self, attempt: int) -> SchedulerEnd | None:
         """After `attempt` ended (its tasks exited or were lost): whether the scheduler ended or took
         it back, and why; None where no scheduler decides (our supervisors) or it did not."""

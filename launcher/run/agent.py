@@ -20,6 +20,7 @@ from launcher.engines.base import Inspecting, JobRecord, Launching, SchedulerCau
 from launcher.errors import Interrupted, RunFailed
 from launcher.run import interrupts, phases, teardown, watch
 from launcher.run.attempt import AttemptSink, LiveAttempt
+from launcher.run.elastic import Elastic
 from launcher.run.failure import Failure, FailureKind, stop_words, told_once, with_stacks
 from launcher.run.output import Output
 from launcher.run.progress import EpochEnd, Progress, without_told
@@ -44,6 +45,9 @@ class Agent:
         self.epochs_told: dict[int, list[EpochEnd]] = {}  # per task: the epoch summaries its last history line held
         self.marks: phases.Phases | None = None  # the current attempt's phases (phases.py)
         self.carried: Figures = {}  # what the attempt before gives the next one's phases
+        # an elastic run's group: left out, taken back (elastic.py)
+        self.elastic = Elastic(spec, self.run, out.say, lambda i: watch.label(self.run, i), out.logline) \
+            if spec.launch.min_hosts is not None else None
         owner.warn = out.say
         self.listen(engine)
 
@@ -92,6 +96,8 @@ class Agent:
             raise Interrupted(stopped.message) from None
         finally:
             with interrupts.shield(self.out.say):
+                if self.elastic is not None:
+                    self.elastic.close()
                 self.teardown("the launcher is exiting")
                 self.owner.save()
 
@@ -102,7 +108,13 @@ class Agent:
         if ended.outcome == Outcome.SUCCEEDED:
             run.set_state(RunState.SUCCEEDED)
             return True
-        if ended.outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
+        if ended.outcome == Outcome.REGROUPED and self.elastic is not None:
+            back = self.elastic.grown()
+            self.regroup(sorted({p.index for p in self.engine.plans} | set(back)))
+            left = ", ".join(watch.label(run, p.index) for p in self.engine.plans)
+            self.restarting(f"going on with {len(self.engine.plans)} task(s) ({left}), {self.elastic.names(back)} "
+                            "taken back; they resume from the checkpoint the group just saved with a new TF_CONFIG")
+        elif ended.outcome == Outcome.PREEMPTED and run.preemptions < launch.max_preemptions:
             run.preempted_again()
             self.out.say(f"attempt {ended.number} was preempted: {reason}")
             self.restarting(f"restarting the whole group after preemption {run.preemptions} (not counted "
@@ -139,25 +151,34 @@ class Agent:
 
     def shrink(self, ended: Attempt) -> bool:
         """Elastic runs (min_hosts): leave out the hosts that no longer answer, if enough remain."""
-        min_hosts = self.spec.launch.min_hosts
-        if min_hosts is None:
+        if self.elastic is None:
             return False
         indices = [p.index for p in self.engine.plans]
-        answers = dict(zip(indices, self.engine.reachable(indices)))
-        gone = [i for i in indices if not answers[i].ok]
-        left = [i for i in indices if answers[i].ok]
-        if not gone or len(left) < min_hosts:
+        left = self.elastic.left(indices, self.engine.reachable(indices))
+        if left is None:
             return False
-        for i in gone:
-            self.run.host_lost(i)
-            self.out.say(f"{watch.label(self.run, i)} is left out: {answers[i].error}")
         ended.shrunk()
+        self.regroup(left)
+        return True
+
+    def regroup(self, tasks: list[int]) -> None:
+        """The group goes on with these tasks: an engine of their own (of the kind that started the run)."""
         self.engine.close()
-        engine = engine_for(self.spec, self.run.run_id, only=left, landed=self.run)
-        assert isinstance(engine, Launching)  # of the kind that started the run
+        engine = engine_for(self.spec, self.run.run_id, only=tasks, landed=self.run)
+        assert isinstance(engine, Launching)
         self.engine = engine
         self.listen(self.engine)
-        return True
+
+    def grow(self, live: LiveAttempt) -> None:
+        """Lost hosts that answer and passed the preflight again: the group is told to save and end (a notice),
+        and the next attempt takes them back."""
+        if self.elastic is None or self.run.state != RunState.RUNNING or not live.live:
+            return
+        if self.spec.training.entrypoint is not None and "first_step_s" not in self.run.attempts[-1].phases:
+            return  # the built-in runner saves on notice once it trains: not while it starts
+        back = self.elastic.to_take_back()
+        if back and len(self.engine.regroup(live.live)) < len(live.live):
+            self.elastic.noticed(back, len(live.tasks))
 
     # -- one attempt
     def attempt(self, number: int) -> Attempt:
@@ -167,6 +188,8 @@ class Agent:
         tasks = [p.index for p in self.engine.plans]
         begun = run.begin_attempt(tasks)
         self.marks, self.carried = phases.Phases(begun, self.carried, phases.reached(run)), {}
+        if self.elastic is not None:
+            self.elastic.attempt_begins()
         self.share_backup(number)
         for i in tasks:
             run.task(i).begin(number)
@@ -235,11 +258,16 @@ class Agent:
                 return self.hang_stacks(live, failure)
             if self.run.state == RunState.STARTING and live.all_started:
                 self.attempt_phases.all_started(time.time(), sum(self.run.task(i).warm for i in live.tasks))
+                if self.spec.training.entrypoint is None:  # a command tells no steps: it is back once started
+                    self.attempt_phases.started_untold(time.time())
+                    if self.elastic is not None:
+                        self.elastic.first_step(self.run.attempts[-1].phases.get("took_s"))
                 self.run.set_state(RunState.RUNNING)
                 self.run.mark(RunPhase.ALL_STARTED)
                 self.owner.save()
             if not live.live:  # all ended, none failed or was preempted
                 return None
+            self.grow(live)
             self.owner.save(every=SAVE_EVERY_S)
 
     def on_event(self, live: LiveAttempt, index: int, ev: protocol.Event) -> Failure | None:
@@ -255,6 +283,8 @@ class Agent:
         if isinstance(ev, protocol.Progress):
             self.remember(index, self.run.task(index).progress)
             mark = self.attempt_phases.progress(self.run.task(index).progress or {}, time.time())
+            if mark is phases.Mark.FIRST_STEP and self.elastic is not None:
+                self.elastic.first_step(self.run.attempts[-1].phases.get("took_s"))
             if mark is not None and live.number > 0:
                 ph = self.run.attempts[-1].phases
                 self.out.say(phases.restart_line(live.number, ph) if mark is phases.Mark.FIRST_STEP else
@@ -288,6 +318,12 @@ class Agent:
             failure = Failure(kind=FailureKind.SCHEDULER, message=(
                 f"{verdict.reason}. Tasks that saved on notice are recorded preempted; the run ends here (no "
                 f"restart follows a scheduler's end). 'mgpu-cluster logs {self.run.run_id}' shows their logs."))
+        elif failure is None and self.elastic is not None and self.elastic.regrouping:  # the notice was ours
+            reason = (f"the group saved to take back {self.elastic.names(self.elastic.regrouping)}, whose host "
+                      "answers again")
+            with interrupts.shield(self.out.say):
+                self.teardown("the group regroups")
+            return self.end_attempt(Outcome.REGROUPED, reason)
         elif failure is None:  # a preemption: the group saved, or had preempt_grace to
             names = [watch.label(self.run, t.index) for t in self.run.tasks if t.state == TaskState.PREEMPTED]
             reason = (f"{', '.join(names) or 'a task'} got notice to stop (a signal from its host or scheduler); "

@@ -165,6 +165,12 @@ class Phases:
             self.attempt.measured({"spawn_s": seconds(self.spawn_at, now)})
             self.attempt.measured({"warm_tasks": warm})
 
+    def started_untold(self, now: float) -> None:
+        """Every task of a program that tells no steps (a command) started: its restart took until then."""
+        ph = self.attempt.phases
+        if "failed_at" in ph and "took_s" not in ph:
+            self.attempt.measured({"took_s": seconds(ph["failed_at"], now)})
+
     def progress(self, progress: Progress, now: float) -> Mark | None:
         """A progress record: the mark it is, if any. Its first trained step records first_step_s and, after
         a restart, took_s, steps_redone and the epochs saved before it whose lines never came; the step the

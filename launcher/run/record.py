@@ -26,7 +26,7 @@ from launcher.run.failure import Failure
 from launcher.run.fields import Count, Percent, Pid, Port, Time
 from launcher.run.lock import Lock
 from launcher.run.progress import Progress, typed
-from launcher.run.states import AttemptOutcome, Figures, RunPhase, RunState, TaskState
+from launcher.run.states import AttemptOutcome, Figures, RegroupKind, RunPhase, RunState, TaskState
 from worker.host import layout
 from worker.host.files import write_private
 from worker.host.system import free_space
@@ -163,6 +163,16 @@ class Attempt:
 
 
 @dataclass
+class Regroup:
+    """An elastic run's group changed before attempt `attempt`: it shrank (hosts lost) or grew (hosts back)."""
+
+    attempt: Count
+    kind: RegroupKind
+    tasks: list[Count]
+    regrouped_at: Time = field(default_factory=time.time)
+
+
+@dataclass
 class RunRecord:
     run_id: str
     spec_path: str
@@ -171,7 +181,8 @@ class RunRecord:
     attempt: Count = 0
     restarts: Count = 0  # after failures (bounded by max_restarts)
     preemptions: Count = 0  # after notices (bounded by max_preemptions; not restarts)
-    hosts_lost: list[Count] = field(default_factory=list)  # tasks left out for good (elastic runs)
+    hosts_lost: list[Count] = field(default_factory=list)  # tasks left out now (elastic runs)
+    regroups: list[Regroup] = field(default_factory=list)  # each change of an elastic run's group
     agent_pid: Pid | None = None
     agent_create_time: Time | None = None
     detached: bool = False
@@ -235,10 +246,23 @@ class RunRecord:
     def restarted(self) -> None:
         self.restarts += 1
 
-    def host_lost(self, index: int) -> None:
-        """An elastic run goes on without task `index`: its host no longer answers."""
-        self.task(index).left_out()
-        self.hosts_lost.append(index)
+    def shrank(self, indices: list[int]) -> None:
+        """An elastic run goes on without these tasks from its next attempt: their hosts no longer answer."""
+        for i in indices:
+            self.task(i).left_out()
+            self.hosts_lost.append(i)
+        self.regroups.append(Regroup(attempt=self.attempt + 1, kind=RegroupKind.SHRANK, tasks=list(indices)))
+
+    def grew(self, indices: list[int]) -> None:
+        """An elastic run takes these tasks back from its next attempt: their hosts answer and passed the
+        preflight again."""
+        self.hosts_lost = [i for i in self.hosts_lost if i not in indices]
+        self.regroups.append(Regroup(attempt=self.attempt + 1, kind=RegroupKind.GREW, tasks=list(indices)))
+
+    def in_group_s(self, index: int) -> float:
+        """How long task `index` was in the group: the attempts it took part in, start to end (or to now)."""
+        now = time.time()
+        return sum((a.ended_at or now) - a.started_at for a in self.attempts if index in a.tasks)
 
     def mark(self, phase: RunPhase, at: float | None = None) -> None:
         """When the run's phase `phase` began: its first time only."""

@@ -85,7 +85,15 @@ class AttemptOutcome(Word):
     PREEMPTED = "preempted"  # a notice (host, scheduler, or Slurm's requeue): restarts without counting
     FAILED = "failed"
     SHRUNK = "shrunk"  # a host was lost and the run went on without it (elastic)
+    REGROUPED = "regrouped"  # a lost host came back: the group saved on notice and goes on with it (elastic)
     STOPPED = "stopped"  # Ctrl-C, TERM or `down`
+
+
+class RegroupKind(Word):
+    """How an elastic run's group changed: hosts lost, or hosts taken back."""
+
+    SHRANK = "shrank"
+    GREW = "grew"
 
 
 class RunState(Word):

@@ -133,14 +133,15 @@ def _num(v: object, f: str = "{}") -> str:
 
 def summary(run: RunRecord, width: int = 80) -> Table:
     cols = [("task", 0, 4), ("host", 1, 8), ("state", 0, 9), ("exit", 1, 4), ("epochs", 2, 6),
-            ("metrics", 3, 20), ("wall s", 2, 6)]
+            ("metrics", 3, 20), ("wall s", 2, 6)] + ([("in group s", 2, 10)] if run.regroups else [])
     rows = []
     for t in run.tasks:
         p = t.progress or {}
         metrics = " ".join(f"{k}={v:.4g}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
-        rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall])
+        rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall]
+                    + ([f"{run.in_group_s(t.index):.1f}"] if run.regroups else []))
     final = set(run.attempts[-1].tasks) if run.attempts else {t.index for t in run.tasks}  # after a shrink: fewer
     replicas = next((n for t in run.tasks if t.index in final and (n := (t.progress or {}).get("replicas"))), None)
     title = f"run {run.run_id}: {run.state}" + (f", {replicas} replicas in sync" if replicas else "")
@@ -256,11 +257,19 @@ def _job_line(snap: Snapshot) -> str | None:
     return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
 
 
+def _regroup_line(snap: Snapshot) -> str | None:
+    """An elastic run's group as it changed: hosts left out and taken back, and what each regroup cost."""
+    parts = [f"{'left out' if r['kind'] == 'shrank' else 'took back'} task(s) {', '.join(map(str, r['tasks']))} "
+             f"before attempt {r['attempt']}" + (f" ({r['took_s']:.1f} s to its first step)" if r["took_s"] else "")
+             for r in snap["regroups"]]
+    return "group: " + "; ".join(parts) if parts else None
+
+
 def render(snap: Snapshot, width: int) -> Group:
     """`status` on a terminal: the table, then the lines below it, wrapped at its width (a `--watch` frame
     would cut them there)."""
     table = status_table(snap, width)
-    lines = [left_out(table, width), _job_line(snap), _standby_line(snap)]
+    lines = [left_out(table, width), _job_line(snap), _standby_line(snap), _regroup_line(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     lines += _split_lines(snap) + [_failure_words(snap)]
     return Group(table, *(Text(line, no_wrap=False, overflow="fold") for line in lines if line))
@@ -268,7 +277,8 @@ def render(snap: Snapshot, width: int) -> Group:
 
 def plain(snap: Snapshot) -> str:
     """`status` piped: plain columns, then the same lines."""
-    lines = [status_plain(snap), *filter(None, [_job_line(snap), _standby_line(snap)]), *_split_lines(snap)]
+    lines = [status_plain(snap), *filter(None, [_job_line(snap), _standby_line(snap), _regroup_line(snap)]),
+             *_split_lines(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     failure = _failure_words(snap)
     return "\n".join(lines + ([failure] if failure is not None else []))

@@ -64,6 +64,16 @@ class AttemptRow(TypedDict):
     phases: Figures
 
 
+class RegroupRow(TypedDict):
+    """An elastic run's group changed (record.Regroup), with what the attempt it began cost until its first step."""
+
+    attempt: int
+    kind: str
+    tasks: list[int]
+    at: float
+    took_s: float | None
+
+
 class _Snapshot(TypedDict):
     run_id: str
     state: str
@@ -71,6 +81,7 @@ class _Snapshot(TypedDict):
     restarts: int
     preemptions: int
     hosts_lost: list[int]
+    regroups: list[RegroupRow]
     failure: dict[str, object] | None
     start: dict[str, object] | None
     agent_pid: int | None
@@ -161,6 +172,9 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
     state = run.state if run.ended or alive else RunState.LOST
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
+            "regroups": [{"attempt": r.attempt, "kind": str(r.kind), "tasks": r.tasks, "at": r.regrouped_at,
+                          "took_s": next((a.phases.get("took_s") for a in run.attempts if a.number == r.attempt), None)}
+                         for r in run.regroups],
             "failure": run.failure.to_json() if run.failure else None,
             "start": run.start.to_json() if run.start else None,  # where its training starts (fresh: run null)
             "agent_pid": run.agent_pid, "launcher_alive": alive, "detached": run.detached, "engine": run.engine,

@@ -7,6 +7,7 @@ They move the run record and the attempt's facts forward and return a Failure, o
 from __future__ import annotations
 
 import collections
+import signal
 import time
 
 from launcher.run.attempt import TAIL_LINES, LiveAttempt
@@ -116,10 +117,10 @@ def preempted_words(run: RunRecord, index: int, ev: protocol.Exit, grace: float)
     """What the first preempted exit of an attempt is told as."""
     how = describe_exit(ev.code)
     if ev.notice:  # a kill at the end of its grace is no mystery (out of memory) to hint at
-        how = f"notice {ev.notice}, " + (f"stopped with {signal_name(ev.code)} at the end of preempt_grace"
-                                         if ev.code < 0 else how)
-    return (f"{label(run, index)} was preempted ({how}); waiting up to preempt_grace = {grace:g} s for the "
-            "others to save")
+        end = " at the end of preempt_grace" if ev.code == -signal.SIGKILL else ""  # a TERM may end a program at once
+        how = f"notice {ev.notice}, " + (f"stopped with {signal_name(ev.code)}{end}" if ev.code < 0 else how)
+    what = "ended for the regroup" if ev.notice == protocol.REGROUP_NOTICE else "was preempted"
+    return f"{label(run, index)} {what} ({how}); waiting up to preempt_grace = {grace:g} s for the others to save"
 
 
 def overdue(run: RunRecord, live: LiveAttempt, launch: Launch) -> Failure | None:

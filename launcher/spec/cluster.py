@@ -139,8 +139,20 @@ class Launch(_Model):
     preempt_grace: Annotated[Seconds, Field(le=PREEMPT_GRACE_MAX)] = 60.0
     max_preemptions: Restarts = 100  # restarts after preemption; not max_restarts
     min_hosts: Optional[Count] = None  # elastic: go on with this many hosts when others are lost
+    # elastic: a host lost again soon after it came back is kept out this long (twice as long each time it does so
+    # again, at most rejoin_cooldown_max); growing may cost at most regroup_share of the run's time
+    rejoin_cooldown: Seconds = 60.0
+    rejoin_cooldown_max: Seconds = 3600.0
+    regroup_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.25
     # a warm process per task (Python and TensorFlow imported) that a restart starts from (local and SSH hosts)
     standby: bool = True
+
+    @model_validator(mode="after")
+    def _cooldowns(self) -> Launch:
+        if self.rejoin_cooldown > self.rejoin_cooldown_max:
+            raise ValueError(f"rejoin_cooldown = {self.rejoin_cooldown:g} is more than rejoin_cooldown_max = "
+                             f"{self.rejoin_cooldown_max:g}: the first cooldown cannot pass its ceiling")
+        return self
 
     @property
     def lifeline(self) -> float:

@@ -35,7 +35,9 @@ VOLUME_SOURCES = ("claim", "host_path", "empty_dir", "nfs", "config_map", "secre
 K8S_NOT_LAUNCH = {**dict.fromkeys(("accept_new_host_keys", "connect_timeout"), "no SSH: Kubernetes starts the pods"),
                   **dict.fromkeys(("start_timeout", "heartbeat_timeout"), "no launcher follows the pods"),
                   "max_preemptions": "JobSet restarts a preempted group without counting or limit",
-                  "standby": "Kubernetes starts each attempt's pods itself: no standbys"}
+                  "standby": "Kubernetes starts each attempt's pods itself: no standbys",
+                  **dict.fromkeys(("rejoin_cooldown", "rejoin_cooldown_max", "regroup_share"),
+                                  "elastic runs (min_hosts) are [[hosts]] runs")}
 REPLICATED_JOB = "worker"  # the JobSet's one replicated job: pod i is <name>-worker-0-<i>
 DEFAULT_NAME = "mgpu"  # a spec that comes from no file (a dict parsed in code)
 

@@ -19,9 +19,11 @@ EXIT_PORT_BUSY = 98  # the supervisor found the task's port taken just before th
 BEAT_S = 2.0  # a supervisor sends Stats at least this often, training or not: the launcher's sign of life
 FILE_MAX_BYTES = 65536  # a file the training can write (progress.json, task.json) larger than this is not read
 MAX_DEPTH = 16  # a record's dicts and lists nested deeper are refused (recursion in json and asdict)
-# The launcher's words on a supervisor's stdin (its own records go the other way): a standby's attempt starts; and,
-# just before the EOF of a failure's teardown, a peer failed, so no save with the group can land (KILL at once)
-GO, BROKEN = b"go\n", b"broken\n"
+# The launcher's words on a supervisor's stdin (its own records go the other way): a standby's attempt starts;
+# just before the EOF of a failure's teardown, a peer failed, so no save with the group can land (KILL at once); and
+# the group regroups (a lost host is back): a notice, as a preemption's, the group saves and ends (exit 75)
+GO, BROKEN, REGROUP = b"go\n", b"broken\n", b"regroup\n"
+REGROUP_NOTICE = "regroup"  # the notice a task got (its Exit's `notice`) when the launcher regroups its group
 
 
 class ProgressState(str, enum.Enum):

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from worker.host.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO, REGROUP, REGROUP_NOTICE
 from worker.task.channel import PipeChannel
 from worker.host.entries import SupervisedArgs
 from worker.task.core import TaskCore, TaskSetup
@@ -62,6 +62,9 @@ def watch_stdin(sup: TaskCore, lifeline: float | None, said: bytes = b"") -> Non
     while True:
         if sup.setup.standby and not sup.warm_start.begun.is_set() and GO in said:
             sup.warm_start.begin()
+        if REGROUP in said:  # a notice; the supervisor keeps listening (its lifeline, the EOF that follows)
+            said = said.replace(REGROUP, b"")
+            sup.stop("the launcher regroups the run: a lost host is back", notice=REGROUP_NOTICE)
         if lifeline and not select.select([0], [], [], 1.0)[0]:
             if time.monotonic() - last > lifeline:
                 return sup.stop(f"no word from the launcher for {lifeline:g} s")

@@ -5,10 +5,10 @@
 
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 const OUTCOME = { succeeded: "#4c9a2a", failed: "#c0392b", preempted: "#e67e22", shrunk: "#8e44ad",
-                  stopped: "#7f8c8d" };
+                  regrouped: "#16a085", stopped: "#7f8c8d" };
 const PHASE = { preflight: "#bdc3c7", start: "#f1c40f", "first step": "#e67e22", training: "#27ae60",
                 teardown: "#7f8c8d" };
-const EVENT = { failure: "#c0392b", restart: "#2471a3", preemption: "#e67e22", lost: "#8e44ad" };
+const EVENT = { failure: "#c0392b", restart: "#2471a3", preemption: "#e67e22", lost: "#8e44ad", back: "#16a085" };
 const PAD = { left: 64, right: 12, top: 10, bottom: 24 };
 
 function largest(values, start = -Infinity) {  // Math.max(...values) overflows the stack on a long array

@@ -89,6 +89,9 @@ class SupervisedEngine(Launching, Inspecting):
         results = parallel(one, self.plans)
         return {p.index: str(r.error) for p, r in zip(self.plans, results) if not r.ok}
 
+    def regroup(self, indices: list[int]) -> list[int]:
+        return [i for i in indices if i not in self.handles or not self.handles[i].regroup()]
+
     def stop(self, indices: list[int], broken: bool = False) -> None:
         for i in indices:
             handle = self.handles.pop(i, None)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
 from launcher.preflight import devices, links
 from launcher.plan import TaskPlan
@@ -85,7 +85,7 @@ def task_doc(spec: HostsSpec, plan: TaskPlan, cwd: bool) -> TaskDoc:
     return doc
 
 
-def groups(plans: list[TaskPlan], transports: list[Transport]) -> list[list[TaskPlan]]:
+def groups(plans: list[TaskPlan], transports: Mapping[int, Transport]) -> list[list[TaskPlan]]:
     """The tasks that one doctor checks together: one group per host and interpreter; local tasks on
     this interpreter form one group (checked in this process)."""
     found: dict[tuple[object, ...], list[TaskPlan]] = {}
@@ -233,9 +233,11 @@ def preflight(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport
     """Every check, hosts in parallel; `base` (the spec's folder) enables `sync`."""
     say = say or (lambda _msg: None)
     checks = [TaskCheck(p) for p in plans]
+    by_index = {c.plan.index: c for c in checks}  # an elastic run's tasks keep their indices: not 0..n-1
+    at = {p.index: t for p, t in zip(plans, transports)}
     addressing = address_problems(plans)
     for index, problem in addressing.items():
-        checks[index].problems.append(problem)
+        by_index[index].problems.append(problem)
 
     remote = [t for t in dict.fromkeys(transports) if not isinstance(t, LocalTransport)]
     t0 = time.monotonic()
@@ -250,16 +252,16 @@ def preflight(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport
         return checks  # nothing more is done on any host when one cannot be reached
 
     if spec.sync and base is not None:
-        for index, problem in run_sync(spec, plans, transports, base, say, HOSTS_AT_ONCE).items():
-            checks[index].problems.append(problem)
+        for index, problem in run_sync(spec, plans, at, base, say, HOSTS_AT_ONCE).items():
+            by_index[index].problems.append(problem)
         if not all(c.ok for c in checks):
             return checks
 
-    found_groups = groups(plans, transports)
+    found_groups = groups(plans, at)
     with_mesh = bool(remote) and len(plans) > 1 and not addressing
     mesh = mesh_args(spec, plans, found_groups) if with_mesh else None
     t0 = time.monotonic()
-    results = each(lambda g: check_group(spec, g, transports[g[0].index], mesh, hold), found_groups,
+    results = each(lambda g: check_group(spec, g, at[g[0].index], mesh, hold), found_groups,
                    len(found_groups) if with_mesh else HOSTS_AT_ONCE)  # the mesh needs all at once
     meshes: dict[int, MeshTask] = {}
     entries: dict[int, TaskReport] = {}
@@ -267,12 +269,12 @@ def preflight(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport
         failed = error or (report if isinstance(report, str) else None)
         if failed:
             for p in group:
-                checks[p.index].problems.append(failed)
+                by_index[p.index].problems.append(failed)
             continue
         assert isinstance(report, dict)  # a doctor that did not fail reported
         tasks = {t["index"]: t for t in report["tasks"]}
         for p in group:
-            c = checks[p.index]
+            c = by_index[p.index]
             entry = entries[p.index] = tasks[p.index]
             c.problems += [workdir_missing(p)] if entry["no_workdir"] else [told(e) for e in entry["problems"]]
             c.versions = dict(report["versions"])

@@ -31,7 +31,7 @@ from worker.host import layout
 from worker.host.clock import Deadline
 from worker.host.files import READ_MAX_BYTES, last_lines, tail_bytes
 from worker.host.spawn import module_argv
-from worker.host.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO, REGROUP
 
 CALL_TIMEOUT_S = 60.0
 KEEPALIVE_S = 2.0  # a newline to each remote task's supervisor
@@ -55,8 +55,14 @@ class SSHHandle(Handle):
             pass
 
     def begin(self) -> bool:
+        return self._say(GO)
+
+    def regroup(self) -> bool:
+        return self._say(REGROUP)
+
+    def _say(self, word: bytes) -> bool:
         try:
-            self.channel.sendall(GO)
+            self.channel.sendall(word)
             return True
         except (OSError, EOFError, paramiko.SSHException):
             return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from launcher.plan import TaskPlan
 from launcher.spec.cluster import HostsSpec
@@ -45,7 +45,7 @@ def sync_files(items: list[str], base: Path) -> tuple[list[tuple[str, str]], lis
     return files, problems
 
 
-def run_sync(spec: HostsSpec, plans: list[TaskPlan], transports: list[Transport], base: Path,
+def run_sync(spec: HostsSpec, plans: list[TaskPlan], transports: Mapping[int, Transport], base: Path,
              say: Callable[[str], None], width: int) -> dict[int, str]:
     """Copy the sync files to each remote (host, workdir) once, `width` hosts at a time; problems by task index."""
     files, problems = sync_files(spec.sync, base)

@@ -20,7 +20,7 @@ from launcher.plan import TaskPlan
 from worker.host import layout
 from worker.host.files import read_log
 from worker.host.spawn import OWN_GROUP
-from worker.host.protocol import BROKEN, GO
+from worker.host.protocol import BROKEN, GO, REGROUP
 
 MAX_RECORD = 16 << 20  # a line longer than this is not one of our records
 
@@ -53,6 +53,11 @@ class Handle(ABC):
     @abstractmethod
     def begin(self) -> bool:
         """Its attempt starts now (a standby's): False where that could not be said."""
+
+    @abstractmethod
+    def regroup(self) -> bool:
+        """A notice: the task saves with its group and ends (the group regroups); False where it could not be
+        said."""
 
     @abstractmethod
     def wait(self, timeout: float) -> bool:
@@ -118,8 +123,14 @@ class LocalHandle(Handle):
             pass
 
     def begin(self) -> bool:
+        return self._say(GO)
+
+    def regroup(self) -> bool:
+        return self._say(REGROUP)
+
+    def _say(self, word: bytes) -> bool:
         try:
-            self.stdin.write(GO)
+            self.stdin.write(word)
             self.stdin.flush()
             return True
         except (OSError, ValueError):
