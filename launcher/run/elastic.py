@@ -49,7 +49,7 @@ class Elastic:
                        f"long each time it does so again, at most {self.launch.rejoin_cooldown_max:g} s) before it "
                        "is asked again") if keep else "; it is asked again from time to time, and taken back once it " \
                                                          "answers and passes the preflight"
-            self.say(f"{self.label(i)} is left out: {by_index[i].error}{flapped}")
+            self.say(f"{self.label(i)} is left out: {str(by_index[i].error).rstrip('.')}{flapped}")
         return left
 
     # ---- growing
