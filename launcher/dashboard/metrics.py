@@ -3,9 +3,7 @@ registry per request: no global state)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
-from typing import TypeGuard
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -14,6 +12,7 @@ from prometheus_client.registry import Collector
 from launcher.dashboard import data
 from launcher.errors import MgpuError
 from launcher.run.view import STARTING, TaskRow
+from launcher.run.progress import real, whole
 from launcher.run.states import RunState, TaskState
 
 TASK_STATES = [STARTING, *(s.value for s in TaskState)]  # as `status --json` shows them (launcher.run.view.shown_state)
@@ -45,15 +44,10 @@ def gpu_samples(task: TaskRow) -> list[tuple[str, str, float]]:
     gpus: object = task.get("gpus")  # as its host's probe said them (or the record's): anything, read with care
     for gpu in gpus if isinstance(gpus, list) else []:
         for name, (field, factor, _) in GPU_GAUGES.items():
-            index, value = (gpu.get("index"), gpu.get(field)) if isinstance(gpu, dict) else (None, None)
-            if _number(index) and isinstance(index, int) and _number(value):  # None: not known
-                found.append((name, str(index), float(value * factor)))
+            index, value = (whole(gpu.get("index")), real(gpu.get(field))) if isinstance(gpu, dict) else (None, None)
+            if index is not None and value is not None:  # None: not known
+                found.append((name, str(index), value * factor))
     return found
-
-
-def _number(value: object) -> TypeGuard[int | float]:
-    """A finite number (not a bool): what a host's figure must be to become a sample."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def watched_snapshots() -> Iterator[data.Status]:
@@ -94,9 +88,9 @@ class RunsCollector(Collector):
                 for shown in TASK_STATES:
                     task_state.add_metric([*labels, shown], 1.0 if task["state"] == shown else 0.0)
                 for name, (field, _) in TASK_GAUGES.items():
-                    figure: object = task.get(field)  # cpu_percent and rss as the host's probe said them
-                    if _number(figure):  # unknown yet (or not a number): no sample, as Prometheus expects
-                        gauges[name].add_metric(labels, float(figure))
+                    figure = real(task.get(field))  # cpu_percent and rss as the host's probe said them
+                    if figure is not None:  # unknown yet (or not a number): no sample, as Prometheus expects
+                        gauges[name].add_metric(labels, figure)
                 for name, gpu, value in gpu_samples(task):
                     gpu_gauges[name].add_metric([*labels, gpu], value)
         yield from (*gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)

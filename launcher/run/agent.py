@@ -261,7 +261,7 @@ class Agent:
                 if self.spec.training.entrypoint is None:  # a command tells no steps: it is back once started
                     self.attempt_phases.started_untold(time.time())
                     if self.elastic is not None:
-                        self.elastic.first_step(self.run.attempts[-1].phases.get("took_s"))
+                        self.elastic.first_step()
                 self.run.set_state(RunState.RUNNING)
                 self.run.mark(RunPhase.ALL_STARTED)
                 self.owner.save()
@@ -284,7 +284,7 @@ class Agent:
             self.remember(index, self.run.task(index).progress)
             mark = self.attempt_phases.progress(self.run.task(index).progress or {}, time.time())
             if mark is phases.Mark.FIRST_STEP and self.elastic is not None:
-                self.elastic.first_step(self.run.attempts[-1].phases.get("took_s"))
+                self.elastic.first_step()
             if mark is not None and live.number > 0:
                 ph = self.run.attempts[-1].phases
                 self.out.say(phases.restart_line(live.number, ph) if mark is phases.Mark.FIRST_STEP else

@@ -24,8 +24,7 @@ class Elastic:
         launch = spec.launch
         self.rejoin = Rejoin(Absences(launch.rejoin_cooldown, launch.rejoin_cooldown_max), self.look, logged)
         self.regrouping: list[int] = []  # the hosts the group takes back once it has saved (its notice was sent)
-        self.growing = False  # the current attempt began with a grow: its cost is counted at its first step
-        self.spent = 0.0  # seconds growing cost: each grown attempt's took_s (from the notice to its first step)
+        self.growing = False  # the current attempt began with a grow: what growing cost is told at its first step
         self.over_budget_told = False
 
     @property
@@ -45,11 +44,13 @@ class Elastic:
         self.run.shrank(gone)
         for i in gone:
             keep = self.rejoin.lost(i)
-            flapped = (f"; it was lost again soon after it came back, so it is kept out for {keep:g} s (twice as "
-                       f"long each time it does so again, at most {self.launch.rejoin_cooldown_max:g} s) before it "
-                       "is asked again") if keep else "; it is asked again from time to time, and taken back once it " \
-                                                         "answers and passes the preflight"
-            self.say(f"{self.label(i)} is left out: {str(by_index[i].error).rstrip('.')}{flapped}")
+            if keep:
+                then = (f"it was lost again soon after it came back, so it is kept out for {keep:g} s (twice as long "
+                        f"each time it does so again, at most {self.launch.rejoin_cooldown_max:g} s) before it is "
+                        "asked again")
+            else:
+                then = "it is asked again from time to time, and taken back once it answers and passes the preflight"
+            self.say(f"{self.label(i)} is left out: {str(by_index[i].error).rstrip('.')}; {then}")
         return left
 
     # ---- growing
@@ -77,10 +78,11 @@ class Elastic:
         if not ready:
             return []
         elapsed = max(time.time() - self.run.created_at, 1e-9)
-        if self.spent > self.launch.regroup_share * elapsed:
+        spent = self.run.grow_spent_s()
+        if spent > self.launch.regroup_share * elapsed:
             if not self.over_budget_told:
                 self.over_budget_told = True
-                self.say(f"{self.names(ready)} answer again, but growing has cost {self.spent:.1f} s of the run's "
+                self.say(f"{self.names(ready)} answer again, but growing has cost {spent:.1f} s of the run's "
                          f"{elapsed:.0f} s, more than regroup_share = {self.launch.regroup_share:g} of it: taken back "
                          "once the run has trained longer without regrouping")
             return []
@@ -104,14 +106,13 @@ class Elastic:
         """A notice whose attempt ended otherwise (a failure) takes nobody back: the hosts stay ready."""
         self.regrouping = []
 
-    def first_step(self, took: float | None) -> None:
-        """The group trains again: what growing cost (the attempt's took_s), once after each grow."""
+    def first_step(self) -> None:
+        """The group trains again: what growing has cost (the record's), once after each grow."""
         if not self.growing:
             return
         self.growing = False
-        self.spent += took or 0.0
         elapsed = time.time() - self.run.created_at
-        self.say(f"growing has cost {self.spent:.1f} s of the run's {elapsed:.0f} s so far (each regroup from its "
+        self.say(f"growing has cost {self.run.grow_spent_s():.1f} s of the run's {elapsed:.0f} s so far (each regroup from its "
                  f"notice to the first step; at most regroup_share = {self.launch.regroup_share:g} of it)")
 
     def names(self, indices: list[int]) -> str:

@@ -3,12 +3,12 @@ untrusted input. One boundary turns it into typed, bounded fields; anything else
 
 from __future__ import annotations
 
-import math
 import typing
 from typing import Literal, TypedDict
 
 from worker.training.progress import EPOCH_ENDS_KEPT
 from worker.host.protocol import ProgressState
+from worker.host.protocol import real as real  # the one reading of an untrusted number (re-exported)
 
 Whole = Literal["task", "epoch", "epochs", "step", "steps_per_epoch", "global_step", "first_epoch",
                 "first_global_step", "pid", "replicas"]
@@ -69,15 +69,6 @@ class Progress(TypedDict, total=False):
 def whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
-
-def real(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def step(progress: Progress | None, key: Whole = "global_step") -> int:

@@ -259,6 +259,14 @@ class RunRecord:
         self.hosts_lost = [i for i in self.hosts_lost if i not in indices]
         self.regroups.append(Regroup(attempt=self.attempt + 1, kind=RegroupKind.GREW, tasks=list(indices)))
 
+    def took_s(self, attempt: int) -> float | None:
+        """What attempt `attempt` took from the failure (or notice) before it to its first step (its took_s)."""
+        return next((a.phases.get("took_s") for a in self.attempts if a.number == attempt), None)
+
+    def grow_spent_s(self) -> float:
+        """What taking hosts back has cost the run: the took_s of each attempt that began with a grow."""
+        return sum(self.took_s(r.attempt) or 0.0 for r in self.regroups if r.kind == RegroupKind.GREW)
+
     def in_group_s(self, index: int) -> float:
         """How long task `index` was in the group: the attempts it took part in, start to end (or to now)."""
         now = time.time()

@@ -122,9 +122,10 @@ class Rejoin:
                 except Exception as exc:  # a look that fails is a host not back yet: never the run's end
                     why = f"{type(exc).__name__}: {exc}"
                 with self.lock:
-                    self.absences.looked(index, why, time.monotonic())
-                    wait = self.absences.absent[index].every if index in self.absences.absent else 0.0
-                self.logged(f"lost task {index} asked again: " + (f"not back ({why}); asked again in {wait:g} s"
+                    now = time.monotonic()
+                    self.absences.looked(index, why, now)
+                    wait = self.absences.absent[index].next_look - now if index in self.absences.absent else 0.0
+                self.logged(f"lost task {index} asked again: " + (f"not back ({why}); asked again in {wait:.0f} s"
                                                                   if why is not None else "it passes"))
 
     def close(self) -> None:

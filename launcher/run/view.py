@@ -173,7 +173,7 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
             "regroups": [{"attempt": r.attempt, "kind": str(r.kind), "tasks": r.tasks, "at": r.regrouped_at,
-                          "took_s": next((a.phases.get("took_s") for a in run.attempts if a.number == r.attempt), None)}
+                          "took_s": run.took_s(r.attempt)}
                          for r in run.regroups],
             "failure": run.failure.to_json() if run.failure else None,
             "start": run.start.to_json() if run.start else None,  # where its training starts (fresh: run null)

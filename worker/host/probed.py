@@ -3,11 +3,11 @@ records), read back by the launcher once, where it arrives, each field checked (
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from worker.host.devices import GpuFigures
+from worker.host.protocol import real
 
 TEXT_MAX = 4096  # a path, a state word or an error: longer is not one
 
@@ -45,8 +45,8 @@ class ProbeRow:
         return cls(dir=_text(data.get("dir")), pid=_whole(data.get("pid")), alive=data.get("alive") is True,
                    status=_text(data.get("status")), exit_code=_whole(data.get("exit_code"), signed=True),
                    progress=progress if isinstance(progress, dict) else None,
-                   cpu_percent=_number(data.get("cpu_percent")), rss=_whole(data.get("rss")),
-                   gpus=[g for g in found if g is not None] or None, time=_number(data.get("time")),
+                   cpu_percent=real(data.get("cpu_percent")), rss=_whole(data.get("rss")),
+                   gpus=[g for g in found if g is not None] or None, time=real(data.get("time")),
                    host=_text(data.get("host")), port=_whole(data.get("port")), state=_text(data.get("state")),
                    job={str(k): v for k, v in job.items()} if isinstance(job, dict) else None,
                    error=_text(data.get("error")))
@@ -62,7 +62,3 @@ def _whole(value: object, signed: bool = False) -> int | None:
     return None
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -24,6 +25,17 @@ MAX_DEPTH = 16  # a record's dicts and lists nested deeper are refused (recursio
 # the group regroups (a lost host is back): a notice, as a preemption's, the group saves and ends (exit 75)
 GO, BROKEN, REGROUP = b"go\n", b"broken\n", b"regroup\n"
 REGROUP_NOTICE = "regroup"  # the notice a task got (its Exit's `notice`) when the launcher regroups its group
+
+
+def real(value: object) -> float | None:
+    """A finite number that untrusted JSON holds (not a bool; an int too large for a float is none), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class ProgressState(str, enum.Enum):
