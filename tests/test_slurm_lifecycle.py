@@ -132,6 +132,9 @@ class Background:
         def check():
             if self.stopping.is_set():
                 raise RuntimeError(f"stopped while waiting for {what}")
+            if self.up is not None and self.up.poll() is not None:  # told now, not after the timeout
+                raise AssertionError(f"the run ended (exit {self.up.returncode}) before {what}:\n"
+                                     + (self.tmp / "up.out").read_text(errors="replace")[-4000:])
             return cond()
         return wait_for(check, timeout, what)
 
@@ -178,10 +181,14 @@ def time_limit_run(request, tmp_path_factory):
         run.close()
 
 
+EPOCHS = 8
+
+
 @pytest.fixture(scope="module")
 def requeued(request, tmp_path_factory):
     """One training that Slurm requeues twice, in the same job: by `scontrol requeue` at epoch 2, then, once
-    it trains again (attempt 1) at epoch 3, by its node set DOWN; it finishes its 5 epochs in attempt 2.
+    it trains again (attempt 1) at epoch 3, by its node set DOWN; it finishes its 8 epochs in attempt 2 (5
+    left attempt 1 a few seconds past epoch 3, which a loaded machine's poll could miss).
     What both tasks' progress.json said while attempt 1 trained is kept (`resumed`)."""
     def drive(run):
         st = run.wait(lambda: training_at(run.cli, 2), 300, "epoch 2 on both tasks")
@@ -196,7 +203,7 @@ def requeued(request, tmp_path_factory):
 
     run = Background(request, tmp_path_factory, "requeue")
     try:
-        yield run.start(write_spec(run.tmp, epochs=5), drive)
+        yield run.start(write_spec(run.tmp, epochs=EPOCHS), drive)
     finally:
         run.close()
 
@@ -294,7 +301,7 @@ def test_a_requeue_is_a_preemption_and_the_group_resumes_in_the_same_job(requeue
     for p in run.resumed if n == 1 else final:
         assert p["first_epoch"] >= n + 1, p
     for p in final:
-        assert p["epoch"] == 5, p  # and the run trained every epoch
+        assert p["epoch"] == EPOCHS, p  # and the run trained every epoch
     nothing_left(run.cluster, run.cli, snap["run_id"])
 
 

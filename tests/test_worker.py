@@ -1,7 +1,7 @@
 """The worker runtime for real: `python -m worker` processes with TF_CONFIG, real TensorFlow.
 
-Two workers train the digits example on localhost:20000 and localhost:20001 (free ports
-instead when those are taken); every test reaps the processes it started.
+Two workers train the digits example on two free ports of localhost; every test reaps the processes it
+started.
 """
 
 from __future__ import annotations
@@ -33,26 +33,16 @@ PROGRESS_FIELDS = WRITER_FIELDS | {"compute_ms", "wait_ms", "replicas", "first_s
 
 # --- helpers: start workers as plain processes, reap them ------------------------------------
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def worker_ports(n: int) -> list[int]:
-    """20000, 20001, ... as in the issue; free ports if any of those is taken."""
-    wanted = [20000 + i for i in range(n)]
-    if all(_port_free(p) for p in wanted):
-        return wanted
-    ports = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    return ports
+    """Free ports from the kernel: 20000 and up are the example's, which other tests' runs take meanwhile."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("0.0.0.0", 0))  # TensorFlow binds every address: so does the check
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def tf_config(ports: list[int], index: int) -> str:
