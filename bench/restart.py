@@ -83,6 +83,26 @@ def steps_per_s(home: Path, run_id: str) -> float | None:
     return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
+def pace(home: Path, run_id: str, attempt: int, settle_s: float = 5.0) -> float | None:
+    """Task 0's global steps per second in `attempt`, from `settle_s` after its first record that moved (the pace
+    it trained at, its start-up left out), by the launcher's progress history; None where too little is told."""
+    seen = []
+    try:
+        for line in (home / "runs" / run_id / "progress.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            p = rec.get("progress") or {}
+            if rec.get("task") == 0 and rec.get("attempt") == attempt and isinstance(p.get("global_step"), int) \
+                    and isinstance(p.get("time"), (int, float)):
+                seen.append((p["time"], p["global_step"]))
+    except (OSError, ValueError):
+        return None
+    moving = [(t, s) for t, s in seen if s > (seen[0][1] if seen else 0)]
+    kept = [(t, s) for t, s in moving if moving and t - moving[0][0] >= settle_s]
+    if len(kept) < 2 or kept[-1][0] <= kept[0][0]:
+        return None
+    return (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0])
+
+
 def once(b: Bench, spec: Path, env: dict, kill_epoch: int | None) -> dict:
     """`up SPEC` timed from start to exit; with `kill_epoch`, task 1 is killed (-9) once both reach that epoch."""
     before = b.runs()
@@ -129,6 +149,7 @@ def once(b: Bench, spec: Path, env: dict, kill_epoch: int | None) -> dict:
     return {"wall": wall, "cold_start": first.get("spawn_s", 0.0) + first.get("first_step_s", 0.0),
             "killed_at_step": killed_at, "phases": (attempts[-1].get("phases") or {}) if kill_epoch else first,
             "attempts": len(attempts), "steps_per_s": steps_per_s(b.home, run.get("run_id", "")),
+            "pace": [pace(b.home, run.get("run_id", ""), n) for n in range(len(attempts))],
             "memory_gb": max(memory) if memory else None}
 
 
@@ -179,6 +200,14 @@ def measure(b: Bench, where: str, hosts: Callable[[], list[dict]], env: dict, de
                     Stat([a for a, _ in on]), Stat([c for _, c in on]), "steps/s", paired_ratio(*zip(*on)) if on else None,
                     SLOWDOWN_TARGET, f"the same rounds' runs without kill ({len(on)} pair(s)), task 0's global steps "
                     "by the launcher's progress history"))
+    # the pace after a restart (the forked attempt's) against the same run's before the kill
+    paces = [(x["pace"][1], x["pace"][0]) for k in kills for x in killed[k]
+             if len(x["pace"]) == 2 and x["pace"][0] and x["pace"][1]]
+    rows.append(Row(f"{TITLE}, {where}: steps per second after a restart (baseline: the same run before its kill)",
+                    Stat([a for a, _ in paces]) if paces else None, Stat([b_ for _, b_ in paces]) if paces else None,
+                    "steps/s", paired_ratio(*zip(*paces)) if paces else None, SLOWDOWN_TARGET,
+                    f"task 0's global steps per second in each attempt from {5:g} s after its first step (the "
+                    f"launcher's progress history), {len(paces)} run(s) with a kill"))
     held = [p["memory_gb"] for p in plain if p["memory_gb"] is not None]
     rows.append(Row(f"{TITLE}, {where}: memory a standby adds per task", Stat(held) if held else None, None, "GB",
                     None, MEMORY_TARGET, "the most seen of any task: its fork server's and its supervisor's private "

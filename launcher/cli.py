@@ -130,7 +130,7 @@ def up(
     spec: Path = SpecArg,
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once every task runs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each task would run; start nothing."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the launcher's own lines and each epoch's line."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also TensorFlow's C++ start-up lines."),
     resume: bool = typer.Option(False, "--resume", metavar="[RUN]", help="Go on from the checkpoint of run RUN, "
                                 "stopped or failed (left out: this spec's newest run); the spec must be as that run "

@@ -76,7 +76,8 @@ def test_the_page_at_1280_and_390_px(ended, browser):  # noqa: F811
         page.goto(f"{url}/runs/{run}")
         page.wait_for_selector("#final .final", timeout=15_000)
         final = page.inner_text("#final")
-        assert re.search(rf"epoch {DIGITS_EPOCHS}/{DIGITS_EPOCHS} · loss \d\.\d{{4}} · accuracy \d\.\d{{4}}", final) and "val_loss" in final, final
+        sig = r"\d\.?\d*(e[+-]\d\d)?"  # 4 significant digits, as the console's epoch line (.4g)
+        assert re.search(rf"epoch {DIGITS_EPOCHS}/{DIGITS_EPOCHS} · loss {sig} · accuracy {sig}", final) and "val_loss" in final, final
         page.wait_for_selector('[data-task="1"] .memory', timeout=15_000)
         for i in (0, 1):
             assert re.fullmatch(r"\d+", page.inner_text(f'[data-task="{i}"] .cpu')), page.inner_text("#tasks")
@@ -132,3 +133,54 @@ def test_the_page_lists_each_restart_with_its_phases_as_up_said_them(restart_run
         assert shown.startswith("restart 1 took ") and "teardown" in shown and "spawn" in shown, shown
         head = shown.split(", to first step")[0]  # its parts up to the spawn: measured once, told alike
         assert head == said.group(1).split(", to first step")[0] and "to first step" in shown, (shown, said.group(1))
+
+
+def test_one_run_gives_the_same_figures_in_every_view(digits_run, browser):  # noqa: F811
+    """The digits run read from the console, `status` (piped and --json), /metrics, the page and the report's data:
+    one training throughput, one step and epoch, one loss, and phases that sum to the run's wall time."""
+    from conftest import status_json
+    from launcher.diagnose import series
+
+    cli, run, out = digits_run.cli, digits_run.run_id, digits_run.out
+    snap, data = status_json(cli, run), series.load(digits_run.record)
+    group, last = snap["group"], data["group"]["epochs"][-1]
+    line = next(x for x in reversed(out.splitlines()) if x.startswith("task0") and f"| epoch {DIGITS_EPOCHS}/" in x)
+    rate, loss = int(line.rsplit("samples/s=", 1)[1]), line.split(" loss=")[1].split()[0]
+    piped = cli("status", run, timeout=60).stdout
+    with dashboard(cli) as (_first, url, _port, token):
+        scraped = scrape(url, token)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{url}/?token={token}")
+        page.goto(f"{url}/runs/{run}")
+        page.wait_for_selector("#group .group", timeout=15_000)
+        page.wait_for_selector("#phases li", timeout=15_000)
+        shown, final = page.inner_text("#group"), page.inner_text("#final")
+        page_phases = [li.inner_text() for li in page.query_selector_all("#phases li")]
+        page.close()
+    metric = {name: scraped[(f"mgpu_group_{name}", (("run", run),))] for name in
+              ("samples_per_second", "step", "epoch", "loss")}
+
+    # throughput: the console's last epoch line (the chief's), the report's bar, status, /metrics and the page
+    assert group["task"] == 0 and round(last["samples_per_s"]) == round(group["samples_per_sec"]) == rate, (last, group, line)
+    assert metric["samples_per_second"] == group["samples_per_sec"], (metric, group)
+    assert f"{rate} samples/s" in piped and f"samples/s {rate}" in shown and f"samples/s {rate}" in final, (piped, shown)
+    # step and epoch: the group's, with no task behind at the end
+    assert (group["epoch"], group["step"]) == (DIGITS_EPOCHS, group["steps_per_epoch"]), group
+    assert metric["step"] == group["global_step"] and metric["epoch"] == DIGITS_EPOCHS, metric
+    assert [t["behind"] for t in snap["tasks"]] == [0, 0], snap["tasks"]
+    assert f"global step {group['global_step']}" in piped and f"global step {group['global_step']}" in shown
+    # loss: 4 significant digits everywhere
+    assert f"{group['loss']:.4g}" == f"{last['loss']:.4g}" == loss and metric["loss"] == group["loss"], (group, loss)
+    assert f"loss {loss}," in piped and f"loss {loss} ·" in shown and f"loss {loss} ·" in final, (piped, shown, final)
+
+    # phases: each an interval after the one before, summing to the run's wall time in every view
+    spans = [(p["name"], p["end"] - p["start"]) for p in data["phases"]]
+    assert [n for n, _ in spans] == ["preflight", "setup", "spawn", "to first step", "training", "teardown"], spans
+    assert all(a["end"] == b["start"] for a, b in zip(data["phases"], data["phases"][1:])), data["phases"]
+    said = next(x for x in out.splitlines() if "| phases: " in x)
+    parts = dict(re.findall(r"([a-z ]+?) (\d+\.\d) s(?:,|:)", said.split("phases: ", 1)[1]))
+    total = float(re.search(r": (\d+\.\d) s in all", said).group(1))
+    assert f"succeeded in {total:.1f} s" in out, (said, out[-300:])
+    assert {n: f"{s:.1f}" for n, s in spans} == {n.strip(): v for n, v in parts.items()}, (spans, said)
+    assert abs(sum(s for _, s in spans) - total) <= 0.06, (spans, total)
+    assert [x.split(" (")[-1] for x in page_phases] == [f"{s:.1f} s)" for _, s in spans], (page_phases, spans)

@@ -100,7 +100,7 @@ def test_phases_of_a_restart_add_up_and_are_told_in_one_line():
         0.3, 1.5, 3.1, 10, 4), ph
     line = phases.restart_line(1, phases.told(attempt))
     assert line == ("restart 1 took 3.1 s: detected 0.2 s, teardown 1.0 s, spawn 0.3 s, to first step 1.5 s, "
-                    "4 step(s) redone"), line
+                    "other 0.1 s, 4 step(s) redone"), line  # the parts follow each other: what they leave is named
     run.attempts = [Attempt(number=0, started_at=90.0, phases={"spawn_s": 0.2, "first_step_s": 5.0}), attempt]
     assert phases.restarts_words(run).startswith("1 restart(s) cost 3.1 s in all"), phases.restarts_words(run)
     # a host's clock far off does not make up a phase: the launcher's time stands in
@@ -138,8 +138,9 @@ def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_fa
     assert phases.restart_line(1, ph).endswith("about 5 step(s) redone; back at about step 40 after about 3.5 s"), ph
     assert phases.back_line(1, ph).startswith("restart 1: back at about step 40 after about 3.5 s"), ph
     run.attempts = [Attempt(number=0, started_at=90.0), attempt]
-    assert phases.restarts_words(run).endswith("about 5 step(s) redone; back at the steps reached after about 3.5 s "
-                                               "in all"), phases.restarts_words(run)
+    assert phases.restarts_words(run).startswith("1 restart(s) cost the run about 3.5 s in all (back at the steps "
+                                                 "reached after about 3.5 s"), phases.restarts_words(run)
+    assert phases.restarts_words(run).endswith("then about 5 step(s) redone)"), phases.restarts_words(run)
 
     # resumed at the step reached (a crash just after a save): back at its first step
     again = Attempt(number=1, started_at=100.3)

@@ -306,6 +306,9 @@ class TestHosts:
             "UseDNS no\n"
             "PrintMotd no\n"
             "AcceptEnv LANG LC_*\n"
+            # a login whose shell rehashes pyenv's shims (this machine's ~/.bashrc) tries its lock once, never waits:
+            # a lock left by a login killed mid-way (a host stopped or crashed) made every later login wait 60 s
+            "SetEnv PYENV_REHASH_TIMEOUT=0\n"
             "Subsystem sftp internal-sftp\n"
             "LogLevel INFO\n"
         )

@@ -22,16 +22,9 @@ from launcher.errors import RunCorrupt, RunNotFound, SpecError
 from launcher.run.home import RUN_ID, run_folder, runs_dir
 from launcher.run import record
 from launcher.run.lock import Lock
-from launcher.run.failure import FailureKind
-from launcher.run.states import RunPhase, RunState, Word
+from launcher.run.states import Listed, RunPhase, RunState
+from launcher.run.view import shown_run_state
 from worker.host import layout
-
-
-class Listed(Word):
-    """What `ls` shows of a run beyond its own state (RunState)."""
-
-    REFUSED = "refused"  # the preflight refused it: nothing was started
-    DAMAGED = "damaged"  # its record cannot be read
 
 
 Shown = Union[RunState, Listed]  # a run's state as `ls` shows it
@@ -63,10 +56,6 @@ def run_ids() -> list[str]:
                        and os.path.exists(os.path.join(e.path, record.STATE))), reverse=True)
 
 
-def refused(run: record.RunRecord) -> bool:
-    return run.failure is not None and run.failure.kind == FailureKind.REFUSED
-
-
 def past_preflight(run: record.RunRecord) -> bool:
     """Its preflight passed: its tasks were started."""
     return RunPhase.PREFLIGHT_S in run.phases
@@ -83,8 +72,7 @@ def row(run_id: str, now: float) -> RunRow:
         run = record.load(run_id)
     except (RunCorrupt, RunNotFound) as exc:
         return RunRow(run_id, Listed.DAMAGED, why=str(exc)[:300])
-    state: Shown = (Listed.REFUSED if refused(run) else run.state if run.ended or record.launcher_alive(run)
-                    else RunState.LOST)  # not ended and its launcher gone: `status` settles it with its hosts
+    state: Shown = shown_run_state(run, record.launcher_alive(run))  # launcher gone: `status` settles it with its hosts
     end = run.ended_at if run.ended and run.ended_at else now
     return RunRow(run_id, state, spec=run.spec_path, engine=run.engine, started_at=run.created_at,
                   duration_s=round(max(0.0, end - run.created_at), 1), tasks=len(run.tasks),

@@ -183,7 +183,7 @@ def status(run_id: str, as_json: bool = False, watch: bool = False, probe: bool 
                 print(plain(snap), flush=True)
             if seen.unrecorded:
                 print(f"note: {seen.unrecorded}", file=sys.stderr, flush=True)
-            if not watch or RunState(snap["state"]).ended:
+            if not watch or run.ended:
                 return
             time.sleep(max(0.0, frame_at + WATCH_S - time.monotonic()))
             run = record.load(run.run_id)

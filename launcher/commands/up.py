@@ -15,7 +15,7 @@ from launcher.engines.base import Claim, Engine, Launching, TaskCheck
 from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
 from launcher.run.output import Output
-from launcher.run.phases import restarts_words
+from launcher.run.phases import run_line, seconds_words
 from launcher.commands.resume import resume_hint, resumed, resumed_args, start_point
 from launcher.spec.cluster import ClusterSpec, HostsSpec
 from launcher.spec.file import load_spec
@@ -160,7 +160,7 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
         if interrupts.pending():
             raise Interrupted(f"interrupted by {interrupts.pending()} while the run ended")
         tell_end(out, run)
-        out.say(f"run {run.run_id} succeeded in {time.time() - t0:.1f} s")
+        out.say(f"run {run.run_id} succeeded in {seconds_words((run.ended_at or time.time()) - run.created_at)}")
     except (PreflightError, HomeError, KeyboardInterrupt) as exc:  # before any task started
         with interrupts.shield():
             if run.state == RunState.PREFLIGHT:
@@ -197,7 +197,7 @@ def record_preflight_end(owner: record.Owner, exc: BaseException) -> None:
 
 def tell_end(out: Output, run: record.RunRecord) -> None:
     out.show(summary(run, out.console.width))
-    out.say(phases(run))
+    out.say(run_line(run))
     say_straggler(out, run)
 
 
@@ -209,15 +209,3 @@ def say_straggler(out: Output, run: record.RunRecord) -> None:
         out.say(line)
 
 
-def phases(run: record.RunRecord) -> str:
-    ph, parts = run.phases, []
-    if RunPhase.PREFLIGHT_S in ph:
-        parts.append(f"preflight {ph['preflight_s']:.2f} s")
-    if RunPhase.ALL_STARTED in ph and RunPhase.SPAWN_STARTED in ph:
-        parts.append(f"spawn {ph['all_started'] - ph['spawn_started']:.2f} s")
-    if RunPhase.FIRST_STEP in ph and RunPhase.SPAWN_STARTED in ph:
-        parts.append(f"to first step {ph['first_step'] - ph['spawn_started']:.2f} s")
-    if RunPhase.FIRST_STEP in ph and RunPhase.END in ph:
-        parts.append(f"training {ph['end'] - ph['first_step']:.2f} s")
-    restarts = restarts_words(run)
-    return "phases: " + (", ".join(parts) or "none recorded") + (f"; {restarts}" if restarts else "")

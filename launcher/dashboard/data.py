@@ -21,7 +21,7 @@ from launcher.run import files, record
 from launcher.run.logs import Lines, screen, unreadable
 from launcher.run.screen import is_noise
 from launcher.run.states import RunState
-from launcher.run.view import Snapshot, snapshot
+from launcher.run.view import Snapshot, refused, snapshot
 
 if TYPE_CHECKING:
     from launcher.diagnose.series import Series
@@ -101,20 +101,19 @@ def status(run_id: str) -> Status:
     seen = recorded.look(record.load(checked(run_id)))
     run = seen.run
     snap = snapshot(run, seen.probes)
-    return {**snap, "unrecorded": seen.unrecorded, "refused": listing.refused(run),
+    return {**snap, "unrecorded": seen.unrecorded, "refused": refused(run),
             "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at,
             "start_said": run.start.words() if run.start else None,  # as `up` told it
             "final": final(snap) if run.ended else None, "spec_text": spec_text(run.run_id)}
 
 
 def final(snap: Snapshot) -> FinalFigures | None:
-    """An ended run's last figures, as its tasks' progress gave them (`status --json`'s fields; loss and metrics
-    are all-reduced, the same on every task: the lowest task's)."""
-    t = next((t for t in snap["tasks"] if t["epoch"]), None)
-    if t is None or t["epoch"] is None:
+    """An ended run's last figures: the group's at its end (launcher.run.view.group, as `status` gives them)."""
+    g = snap["group"]
+    if g is None or g["epoch"] is None:
         return None
-    return {"task": t["index"], "epoch": t["epoch"], "epochs": t["epochs"], "loss": t["loss"],
-            "metrics": t["metrics"], "samples_per_sec": t["samples_per_sec"]}
+    return {"task": g["task"], "epoch": g["epoch"], "epochs": g["epochs"], "loss": g["loss"],
+            "metrics": g["metrics"], "samples_per_sec": g["samples_per_sec"]}
 
 
 def spec_text(run_id: str) -> str | None:

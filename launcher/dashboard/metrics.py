@@ -13,9 +13,10 @@ from launcher.dashboard import data
 from launcher.errors import MgpuError
 from launcher.run.view import STARTING, TaskRow
 from launcher.run.progress import real, whole
-from launcher.run.states import RunState, TaskState
+from launcher.run.states import Listed, RunState, TaskState
 
-TASK_STATES = [STARTING, *(s.value for s in TaskState)]  # as `status --json` shows them (launcher.run.view.shown_state)
+TASK_STATES = [STARTING, *(s.value for s in TaskState)]
+RUN_STATES = [*(s.value for s in RunState), Listed.REFUSED.value]  # as `status --json` shows them (view.shown_run_state)  # as `status --json` shows them (launcher.run.view.shown_state)
 
 TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs)."),
@@ -23,11 +24,21 @@ TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_loss": ("loss", "The task's loss: the mean over every replica's batches of its epoch so far."),
     "mgpu_task_cpu_percent": ("cpu_percent", "CPU use of the task's training process (100 = one core)."),
     "mgpu_task_memory_bytes": ("rss", "Resident memory of the task's training process and its children."),
-    "mgpu_task_samples_per_second": ("samples_per_sec", "Training throughput of the task's group, its epoch so far: "
-                                     "samples trained / seconds spent training them (no validation or saves)."),
+    "mgpu_task_samples_per_second": ("samples_per_sec", "The task's own measure of its group's training throughput, "
+                                     "its epoch so far (mgpu_group_samples_per_second is the group's figure)."),
+    "mgpu_task_steps_behind": ("behind", "Steps the task's last record is behind the group's newest one (records "
+                               "are written at each task's own moments; tasks step together)."),
     "mgpu_task_heartbeat_age_seconds": ("heartbeat_age", "Seconds since the task's progress last changed."),
     "mgpu_task_compute_ms": ("compute_ms", "The task's own work per step (ms)."),
     "mgpu_task_wait_ms": ("wait_ms", "Time per step the task waited for its peers (ms)."),
+}
+
+GROUP_GAUGES = {  # series name: (its field in `status --json`'s group, help): the group at one moment
+    "mgpu_group_step": ("global_step", "Steps the group has trained in this run (all epochs), at its newest record."),
+    "mgpu_group_epoch": ("epoch", "The epoch the group trains (or ended at), counted from 1."),
+    "mgpu_group_loss": ("loss", "The group's loss: the mean over every replica's batches of its epoch so far."),
+    "mgpu_group_samples_per_second": ("samples_per_sec", "Training throughput of the group, its epoch so far: samples "
+                                      "trained / seconds spent training them (no validation or saves)."),
 }
 
 GPU_GAUGES = {  # series name: (its figure in a `gpus` row of `status --json`, the factor to its unit, help)
@@ -76,11 +87,17 @@ class RunsCollector(Collector):
         restarts = CounterMetricFamily("mgpu_run_restarts", "Restarts of the run after failures.", labels=["run"])
         preemptions = CounterMetricFamily("mgpu_run_preemptions", "Restarts of the run after preemptions.",
                                           labels=["run"])
+        group = {name: GaugeMetricFamily(name, help_, labels=["run"]) for name, (_, help_) in GROUP_GAUGES.items()}
         for snap in watched_snapshots():
             run_id = snap["run_id"]
+            together = snap["group"]
+            for name, (field, _) in GROUP_GAUGES.items():
+                figure = real(together.get(field)) if together else None
+                if figure is not None:
+                    group[name].add_metric([run_id], figure)
             restarts.add_metric([run_id], snap["restarts"])
-            for state in RunState:
-                run_state.add_metric([run_id, state.value], 1.0 if snap["state"] == state.value else 0.0)
+            for shown in RUN_STATES:
+                run_state.add_metric([run_id, shown], 1.0 if snap["state"] == shown else 0.0)
             preemptions.add_metric([run_id], snap["preemptions"])
             for task in snap["tasks"]:
                 labels = [run_id, str(task["index"])]
@@ -93,7 +110,7 @@ class RunsCollector(Collector):
                         gauges[name].add_metric(labels, figure)
                 for name, gpu, value in gpu_samples(task):
                     gpu_gauges[name].add_metric([*labels, gpu], value)
-        yield from (*gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)
+        yield from (*group.values(), *gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)
 
 
 def exposition() -> bytes:

@@ -14,13 +14,15 @@ if TYPE_CHECKING:
 
 OUTCOME_COLOURS = {"succeeded": "#4c9a2a", "failed": "#c0392b", "preempted": "#e67e22", "shrunk": "#8e44ad",
                    "regrouped": "#16a085", "stopped": "#7f8c8d", None: "#95a5a6"}
-PHASE_COLOURS = {"preflight": "#bdc3c7", "start": "#f1c40f", "first step": "#e67e22", "training": "#27ae60",
+PHASE_COLOURS = {"preflight": "#bdc3c7", "setup": "#d5dbdb", "to first step": "#e67e22", "training": "#27ae60",
+                 "first step": "#e67e22",
                  "teardown": "#7f8c8d", "detected": "#c0392b", "spawn": "#f1c40f",  # the last four: a restart's
                  "backup copy": "#16a085", "steps redone": "#a04000"}
 EVENT_COLOURS = {"failure": "#c0392b", "restart": "#2c3e50", "preemption": "#e67e22", "lost": "#8e44ad",
                  "back": "#16a085"}
 BAR, LINE = "#9ecae1", "#08519c"
-MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark is labelled
+MAX_EPOCH_LABELS = 15  # more epochs than this: every n-th mark (and bar) is labelled
+LOG_SPAN = 100.0  # a loss whose largest value is this many times its smallest (two decades) is drawn on a log axis
 SPLIT: tuple[tuple[Literal["compute_ms", "wait_ms"], str, str], ...] = (
     ("compute_ms", "-", "own work"), ("wait_ms", "--", "waiting"))
 
@@ -71,13 +73,16 @@ def throughput(ax: Axes, data: Series) -> None:
     epochs = [(e, rate) for e in data["group"]["epochs"] if (rate := e["samples_per_s"]) is not None]
     within = data["group"]["within"]
     label: str | None = "per epoch: its console\nline's samples/s"
-    for e, rate in epochs:
+    every = max(1, math.ceil(len(epochs) / MAX_EPOCH_LABELS))  # as the epoch marks: labels that do not overlap
+    for n, (e, rate) in enumerate(epochs):
         if e["start"] is not None and e["t"] > e["start"]:
             ax.bar(e["start"], rate, width=e["t"] - e["start"], align="edge", color=BAR,
                    edgecolor="#3182bd", linewidth=0.8, label=label)
         else:
             ax.plot([e["t"]], [rate], "s", color="#3182bd", label=label)
         label = None
+        if not labelled(n, len(epochs), every):
+            continue
         middle = (e["start"] + e["t"]) / 2 if e["start"] is not None else e["t"]
         ax.annotate(f"{rate:.0f}", (middle, rate), textcoords="offset points",
                     xytext=(0, -3), ha="center", va="top", fontsize=7, color="#08306b")
@@ -134,6 +139,11 @@ def loss(ax: Axes, data: Series) -> None:
                      alpha=0.4, linewidth=0.9)
     if not values:
         _empty(ax, "no loss recorded")
+    elif min(values) > 0 and max(values) / min(values) >= LOG_SPAN:
+        ax.set_yscale("log")
+        ax.set_ylabel("loss (log axis)")
+        _legend(ax)
+        return
     elif min(values) >= 0:
         _from_zero(ax, values)
     ax.set_ylabel("loss")
@@ -152,6 +162,12 @@ def metrics(ax: Axes, data: Series) -> None:
     _legend(ax)
 
 
+def labelled(n: int, count: int, every: int) -> bool:
+    """Whether the n-th of `count` epochs is labelled: every `every`-th, and the last where it is not too close to
+    the one before it (labels never overlap)."""
+    return n % every == 0 or n == count - 1 and n % every >= every / 2
+
+
 def epoch_marks(axes: list[Axes], data: Series) -> None:
     """A dotted line at each epoch's end, labelled with its number on every panel given."""
     epochs = data["group"]["epochs"]
@@ -159,7 +175,7 @@ def epoch_marks(axes: list[Axes], data: Series) -> None:
     for n, e in enumerate(epochs):
         for ax in axes:
             ax.axvline(e["t"], color="#555555", linestyle=":", linewidth=0.8, zorder=0)
-            if n % every == 0 or n == len(epochs) - 1:
+            if labelled(n, len(epochs), every):
                 ax.annotate(f"epoch {e['epoch']}", (e["t"], 1), xycoords=("data", "axes fraction"), xytext=(-1, -2),
                             textcoords="offset points", ha="right", va="top", rotation=90, fontsize=6.5,
                             color="#555555")

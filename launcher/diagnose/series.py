@@ -287,8 +287,8 @@ def _group_within(tasks: list[TaskSeries]) -> list[Within]:
 
 
 def _group_epochs(epochs: list[Epoch]) -> list[Epoch]:
-    """Each epoch of each attempt once, as the lowest task measured it: metrics are all-reduced and the rate
-    is the group's, so the tasks differ by a few samples/s at most (the console shows either's line)."""
+    """Each epoch of each attempt once, as the lowest task measured it: metrics are all-reduced, and the rate is
+    the group's as the lowest task measured it, as the console's merged epoch line shows it (run.screen)."""
     chosen: dict[tuple[int, int], Epoch] = {}
     for e in sorted(epochs, key=lambda e: e["task"]):
         chosen.setdefault((e["attempt"], e["epoch"]), e)
@@ -299,7 +299,7 @@ def _startups(phases: list[timeline.Phase], tried: list[timeline.AttemptData], t
               epochs: list[Epoch]) -> list[Startup]:
     """Each attempt's start-up: from its start (the run's, preflight included, for the first) to its first
     step (a rate measured, an epoch's rate window opened), or to its end where it never trained."""
-    first = next((p["end"] for p in phases if p["name"] == "first step"), None)
+    first = next((p["end"] for p in phases if p["name"] == "to first step"), None)
     found: list[Startup] = []
     after = 0.0
     for n, a in enumerate(tried):

@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 from launcher.diagnose.values import Clock, integer, items, text
 from launcher.run.failure import FailureKind
-from launcher.run.phases import ESTIMATED, UNPRINTED, restart_line, unprinted_words
+from launcher.run.phases import ESTIMATED, UNPRINTED, restart_line, run_intervals, unprinted_words
 from launcher.run.progress import real, whole
 from launcher.run.states import AttemptOutcome, AttemptPhase, RunPhase, RunState
 
@@ -90,20 +90,15 @@ def open_end(run: dict[str, Any], newest: float | None, now: float | None) -> fl
 
 
 def phases(run: dict[str, Any], clock: Clock, until: float | None = None) -> list[Phase]:
-    """Preflight, start, first step, training and teardown, as far as recorded; `until`: where training ends
-    in a run that has not ended (open_end(), absolute)."""
+    """The run's phases as `up` tells them (launcher.run.phases.run_intervals: they follow each other), as far as
+    recorded; `until`: where training ends in a run that has not ended (open_end(), absolute)."""
     ph = _phases(run)
-    t0, at = real(run.get("created_at")), {k: real(ph.get(k)) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP,
-                                                                         RunPhase.END, RunPhase.PREFLIGHT_S)}
     attempts = items(run.get("attempts"))
-    end = at[RunPhase.END] or (real(attempts[-1].get("ended_at")) if attempts else None) or until
-    preflight_s = at[RunPhase.PREFLIGHT_S]
-    preflight_end = at[RunPhase.SPAWN_STARTED] or (t0 + preflight_s if t0 and preflight_s is not None else None)
-    marks = [("preflight", t0, preflight_end), ("start", at[RunPhase.SPAWN_STARTED], at[RunPhase.ALL_STARTED]),
-             ("first step", at[RunPhase.ALL_STARTED], at[RunPhase.FIRST_STEP]), ("training", at[RunPhase.FIRST_STEP], end),
-             ("teardown", end, real(run.get("ended_at")))]
-    found = [(name, clock(a), clock(b)) for name, a, b in marks]
-    return [{"name": name, "start": start, "end": end} for name, start, end in found
+    marks = {str(k): real(ph.get(k)) for k in RunPhase}
+    found = run_intervals(real(run.get("created_at")), marks, real(run.get("ended_at")),
+                          until=(real(attempts[-1].get("ended_at")) if attempts else None) or until)
+    shown = [(p.name, clock(p.start), clock(p.end)) for p in found]
+    return [{"name": name, "start": start, "end": end} for name, start, end in shown
             if start is not None and end is not None and end >= start]
 
 

@@ -20,7 +20,7 @@ from typing import Literal, Union
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from launcher.run.screen import Entry, Window, is_noise
+from launcher.run.screen import Entry, Window, is_epoch_line, is_noise
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 MAX_PENDING_LINES = 2000
@@ -99,8 +99,10 @@ class Output:
 
     def task_lines(self, index: int, host: str, lines: list[str], dropped: int = 0) -> None:
         """A task's lines, each after its prefix 'task<index> <host> | ' (coloured by task)."""
-        if self.quiet:
-            return
+        if self.quiet:  # the epochs' lines alone
+            lines = [line for line in lines if is_epoch_line(line)]
+            if not lines:
+                return
         if not self.verbose:
             lines = [line for line in lines if not is_noise(line)]
         if not self.threaded:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import enum
 import math
 import time
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 from launcher.engines.base import BackupCopy
 from launcher.run.progress import Progress, step
 from launcher.run.record import Attempt, RunRecord
-from launcher.run.states import AttemptPhase, Figures
+from launcher.run.states import AttemptPhase, Figures, RunPhase
 from worker.host import protocol
 
 # the parts of a restart, in order, and their words
@@ -234,6 +234,64 @@ def ended(failure_at: float | None, detected_at: float | None, decided_at: float
     return carried
 
 
+class Interval(NamedTuple):
+    """One of a run's phases: its name and when it began and ended (unix times)."""
+
+    name: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+# the run's phases, one after another from its record's creation to its end: the marks each lies between
+RUN_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("preflight", "created", "preflight_end"), ("setup", "preflight_end", RunPhase.SPAWN_STARTED),
+    ("spawn", RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED), ("to first step", RunPhase.ALL_STARTED, RunPhase.FIRST_STEP),
+    ("training", RunPhase.FIRST_STEP, RunPhase.END), ("teardown", RunPhase.END, "ended"))
+
+
+def run_intervals(created_at: float | None, marks: Mapping[str, float | None], ended_at: float | None,
+                  until: float | None = None) -> list[Interval]:
+    """The run's phases as intervals that follow each other, so that they sum to its wall time (created_at to
+    ended_at) where every mark is known: the preflight's check, what followed it until the spawn (setup: the
+    record, a backup copied for --resume), the spawn, the wait for the first step, the training (restarts
+    within it), the teardown. `marks`: the record's phases (RunPhase: unix times; preflight_s: seconds); `until`:
+    where training ends in a run that has not ended. A phase whose ends are not both known is left out."""
+    preflight_s = marks.get(RunPhase.PREFLIGHT_S)
+    at: dict[str, float | None] = {
+        "created": created_at, "ended": ended_at,
+        "preflight_end": created_at + preflight_s if created_at is not None and preflight_s is not None else None,
+        **{str(k): marks.get(k) for k in (RunPhase.SPAWN_STARTED, RunPhase.ALL_STARTED, RunPhase.FIRST_STEP)},
+        RunPhase.END: marks.get(RunPhase.END) or until}
+    if at["preflight_end"] is None:
+        at["preflight_end"] = at[RunPhase.SPAWN_STARTED]
+    found = []
+    for name, since, to in RUN_PHASES:
+        a, b = at.get(since), at.get(to)
+        if a is not None and b is not None and b >= a:
+            found.append(Interval(name, a, b))
+    return found
+
+
+def run_line(run: RunRecord) -> str:
+    """'phases: preflight 0.1 s, setup 0.0 s, spawn 1.2 s, to first step 3.4 s, training 50.2 s, teardown 0.3 s:
+    55.2 s in all' (the run's wall time: the phases follow each other), then what restarts within it cost."""
+    found = run_intervals(run.created_at, run.phases, run.ended_at,  # a run that failed trained until its end
+                          until=run.attempts[-1].ended_at if run.attempts else None)
+    parts = ", ".join(f"{p.name} {seconds_words(p.seconds)}" for p in found)
+    whole = f": {seconds_words(run.ended_at - run.created_at)} in all" if found and run.ended_at else ""
+    restarts = restarts_words(run)
+    return "phases: " + (parts or "none recorded") + whole + (f"; within training, {restarts}" if restarts else "")
+
+
+def seconds_words(value: float) -> str:
+    """A duration as every view words it: one decimal (the JSON keeps milliseconds)."""
+    return f"{value:.1f} s"
+
+
 def told(attempt: Attempt) -> Figures:
     """The phases in seconds and steps, as `status --json` gives them (failed_at, a unix time, stays in the
     record), with `estimated`: the names of those that are estimates ([] where none is)."""
@@ -253,9 +311,9 @@ def restart_line(number: int, ph: Mapping[str, object], epochs: bool = True) -> 
     0.3 s, to first step 1.5 s, about 12 step(s) redone; back at about step 40 after about 3.4 s' (the report
     tells them too), with the epochs saved but never told (unprinted_words) where `epochs`."""
     copied = ph.get(AttemptPhase.COPY_BYTES)
-    parts = [f"{words} {ph[key]:.1f} s" + (f" ({copied / 1e6:.1f} MB)" if key == "copy_s" and
-                                           isinstance(copied, (int, float)) and copied else "")
-             for key, words in PARTS if key in ph]
+    parts = [f"{words} {seconds_words(value)}" + (f" ({copied / 1e6:.1f} MB)" if words == "backup copy" and
+                                                  isinstance(copied, (int, float)) and copied else "")
+             for words, value in restart_parts(ph)]
     if AttemptPhase.STEPS_REDONE in ph:
         parts.append(f"{about(ph, 'steps_redone')}{ph['steps_redone']:.0f} step(s) redone")
     took = f" took {ph['took_s']:.1f} s" if AttemptPhase.TOOK_S in ph else ""
@@ -263,6 +321,15 @@ def restart_line(number: int, ph: Mapping[str, object], epochs: bool = True) -> 
     unprinted = unprinted_words(number, ph) if epochs else ""
     return (f"restart {number}{took}{warm}: " + ", ".join(parts) + (f"; {back_words(ph)}" if AttemptPhase.BACK_S in ph else "")
             + (f"; {unprinted}" if unprinted else ""))
+
+
+def restart_parts(ph: Mapping[str, object]) -> list[tuple[str, float]]:
+    """A restart's parts in order, (words, seconds), as far as measured; they follow each other from the failure
+    to the first step, and what they leave of took_s (the agent deciding, a scheduler's queue) is named `other`."""
+    found = [(words, float(v)) for key, words in PARTS if isinstance(v := ph.get(key), (int, float))]
+    took_s = ph.get(AttemptPhase.TOOK_S)
+    other = took_s - sum(v for _, v in found) if isinstance(took_s, (int, float)) and found else 0.0
+    return found + ([("other", other)] if other >= 0.05 else [])
 
 
 def unprinted_words(number: int, ph: Mapping[str, object]) -> str:
@@ -304,19 +371,28 @@ def back_line(number: int, ph: Mapping[str, object]) -> str:
 
 
 def restarts_words(run: RunRecord) -> str:
-    """What restarts cost in all, for the run's summary: '1 restart(s) cost 3.1 s in all until ...'; '' without."""
+    """What restarts cost in all, for the run's summary: '1 restart(s) cost the run 3.6 s in all (back at the steps
+    reached after 3.6 s from their failures: 3.1 s until their first step (...), then 2 step(s) redone)'; where
+    not every one got back, '1 restart(s) cost 3.1 s in all until their first step ...'; '' without."""
     later = [a for a in run.attempts if a.number > 0 and AttemptPhase.TOOK_S in a.phases]
     if not later:
         return ""
     total = sum(a.phases["took_s"] for a in later)
-    parts = [f"{words} {sum(a.phases.get(key, 0.0) for a in later):.1f} s" for key, words in PARTS
-             if any(key in a.phases for a in later)]
+    summed: dict[str, float] = {}
+    for a in later:
+        for words, value in restart_parts(a.phases):
+            summed[words] = summed.get(words, 0.0) + value
+    order = [words for _, words in PARTS] + ["other"]
+    parts = [f"{words} {seconds_words(summed[words])}" for words in order if words in summed]
     redone = sum(a.phases.get("steps_redone", 0) for a in later)
     redone_about = "about " if any(estimated(a.phases, AttemptPhase.STEPS_REDONE) for a in later) else ""
     back = [a.phases["back_s"] for a in later if "back_s" in a.phases]
     back_about = "about " if any(estimated(a.phases, AttemptPhase.BACK_S) for a in later) else ""
-    words = (f"; back at the steps reached after {back_about}{sum(back):.1f} s in all" if len(back) == len(later)
-             else f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all"
-             if back else "")
-    return (f"{len(later)} restart(s) cost {total:.1f} s in all until their first step ({', '.join(parts)}), "
-            f"{redone_about}{redone:.0f} step(s) redone{words}")
+    until = f"{total:.1f} s until their first step ({', '.join(parts)})"
+    redone_words = f"{redone_about}{redone:.0f} step(s) redone"
+    if back and len(back) == len(later):  # what they cost the run: from each failure until it was back where it was
+        cost = f"{back_about}{sum(back):.1f} s"
+        return (f"{len(later)} restart(s) cost the run {cost} in all (back at the steps reached after {cost} from "
+                f"their failures: {until}, then {redone_words})")
+    words = f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all" if back else ""
+    return f"{len(later)} restart(s) cost {until.replace(' until', ' in all until', 1)}, {redone_words}{words}"

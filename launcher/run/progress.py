@@ -77,6 +77,18 @@ def step(progress: Progress | None, key: Whole = "global_step") -> int:
     return (progress or {}).get(key) or 0
 
 
+def position(progress: Progress | None) -> tuple[int | None, int | None]:
+    """Where a record says its task is, as (epoch, step within it), by one rule: from its global step where it
+    gives steps_per_epoch, the last step of a finished epoch being that epoch's (a record just past an epoch's end
+    and one at its last step are the same moment: 6 and 102/102, never 7 and 0/102); else as the record says."""
+    p = progress or {}
+    g, per = p.get("global_step"), p.get("steps_per_epoch")
+    if g and per:
+        epoch = -(-g // per)
+        return epoch, g - (epoch - 1) * per
+    return p.get("epoch") or None, p.get("step") if p.get("epoch") else None
+
+
 def typed(progress: object) -> Progress:
     """The fields of a progress record that have the type the launcher expects; {} for a non-dict."""
     if not isinstance(progress, dict):

@@ -76,8 +76,15 @@ class Entry:
 
 
 # the worker's epoch line ends with the rate that task measured; the workers' metrics are all-reduced, so their
-# epoch lines differ only there (worker/progress.format_epoch_line): alike, shown once with the first one's rate
+# epoch lines differ only there (worker/progress.format_epoch_line): alike, shown once with the rate of the lowest
+# task that printed it (the chief's: the one the group's figures elsewhere give, launcher.run.view.group)
 OWN_RATE = re.compile(r"^(epoch \d+/\d+ .*) samples/s=\d+$")
+EPOCH_LINE = re.compile(r"^epoch \d+/\d+ ")  # worker.training.progress.format_epoch_line's
+
+
+def is_epoch_line(line: str) -> bool:
+    """An epoch's line (what `up --quiet`, and so a detached run's launcher.out, still shows of a task)."""
+    return bool(EPOCH_LINE.match(line.rsplit("\r", 1)[-1]))
 
 
 def key(line: str) -> str:
@@ -132,6 +139,8 @@ class Window:
             self.held.append(entry)
             self.last_seq[index] = entry.seq
             return
+        if index < min(entry.printed_by):  # its own rate is the one shown (OWN_RATE)
+            entry.text = text
         entry.printed_by.append(index)
         entry.hosts.append(host)
 

@@ -27,6 +27,13 @@ class RunPhase(Word):
     END = "end"
 
 
+class Listed(Word):
+    """What `ls`, `status` and the page show of a run beyond its recorded state (RunState)."""
+
+    REFUSED = "refused"  # the preflight refused it: nothing was started (recorded: failed, kind refused)
+    DAMAGED = "damaged"  # its record cannot be read (`ls`)
+
+
 class AttemptPhase(Word):
     """An attempt's phases in its record (`attempts[].phases`; launcher.run.phases computes them)."""
 

@@ -137,7 +137,7 @@ def summary(run: RunRecord, width: int = 80) -> Table:
     rows = []
     for t in run.tasks:
         p = t.progress or {}
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
+        metrics = " ".join(f"{k}={LOSS.format(v)}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall]
@@ -156,8 +156,9 @@ def summary(run: RunRecord, width: int = 80) -> Table:
 # (name, priority, width): what a person watching needs first (priority 0-2) stays on 80 columns; the rest goes
 # first, named below the table. Each column has its width whatever it holds (a longer value folds in its cell).
 STATUS_COLUMNS = [("task", 0, 4), ("host", 3, 21), ("pid", 4, 7), ("state", 0, 9), ("epoch", 1, 9),
-                  ("step", 1, 9), ("loss", 2, 7), ("heartbeat", 1, 10), ("samples/s", 1, 9), ("cpu%", 5, 5),
-                  ("rss MB", 5, 6)]
+                  ("step", 1, 9), ("behind", 2, 6), ("loss", 2, 9), ("heartbeat", 1, 10), ("own samples/s", 1, 13),
+                  ("cpu%", 5, 5), ("rss MB", 5, 6)]
+LOSS, RATE = "{:.4g}", "{:.0f}"  # one rounding rule for a loss or metric, and for samples/s, wherever they are shown
 
 
 def fixed(columns: list[tuple[str, int, int]], rows: list[list[str]], width: int, title: str) -> Table:
@@ -183,9 +184,9 @@ def status_rows(snap: Snapshot) -> list[list[str]]:
         begun = bool(t["epoch"])  # epoch 0: TensorFlow still starting, no step yet
         rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"],
                      _of(t["epoch"], t["epochs"]) if begun else "",
-                     _of(t["step"], t.get("steps_per_epoch")) if begun else "",
-                     _num(t["loss"], "{:.4f}"), _age(t["heartbeat_age"]),
-                     _num(t["samples_per_sec"], "{:.0f}"), _num(t["cpu_percent"]),
+                     _of(t["step"], t.get("steps_per_epoch")) if begun else "", _num(t["behind"]),
+                     _num(t["loss"], LOSS), _age(t["heartbeat_age"]),
+                     _num(t["samples_per_sec"], RATE), _num(t["cpu_percent"]),
                      _num(_mib(t["rss"]))])
     return rows
 
@@ -257,6 +258,20 @@ def _job_line(snap: Snapshot) -> str | None:
     return f"slurm job {job['id']}: {job.get('state') or 'unknown to Slurm now'}{reason}"
 
 
+def group_line(snap: Snapshot) -> str | None:
+    """The group at one moment (view.GroupRow): where it is, its loss and its training throughput, the figures
+    each task's row gives as its own record said them (`behind`: how many steps that record is older)."""
+    g = snap.get("group")
+    if not g:
+        return None
+    where = [f"epoch {_of(g['epoch'], g['epochs'])}" if g["epoch"] else "",
+             f"step {_of(g['step'], g['steps_per_epoch'])}" if g["step"] is not None else "",
+             f"global step {g['global_step']}" if g["global_step"] is not None else "",
+             f"loss {LOSS.format(g['loss'])}" if g["loss"] is not None else "",
+             f"{RATE.format(g['samples_per_sec'])} samples/s" if g["samples_per_sec"] is not None else ""]
+    return f"group (task {g['task']}'s record, the newest): " + ", ".join(w for w in where if w)
+
+
 def _regroup_line(snap: Snapshot) -> str | None:
     """An elastic run's group as it changed: hosts left out and taken back, and what each regroup cost."""
     parts = [f"{'left out' if r['kind'] == 'shrank' else 'took back'} task(s) {', '.join(map(str, r['tasks']))} "
@@ -269,7 +284,7 @@ def render(snap: Snapshot, width: int) -> Group:
     """`status` on a terminal: the table, then the lines below it, wrapped at its width (a `--watch` frame
     would cut them there)."""
     table = status_table(snap, width)
-    lines = [left_out(table, width), _job_line(snap), _standby_line(snap), _regroup_line(snap)]
+    lines = [left_out(table, width), group_line(snap), _job_line(snap), _standby_line(snap), _regroup_line(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     lines += _split_lines(snap) + [_failure_words(snap)]
     return Group(table, *(Text(line, no_wrap=False, overflow="fold") for line in lines if line))
@@ -277,7 +292,8 @@ def render(snap: Snapshot, width: int) -> Group:
 
 def plain(snap: Snapshot) -> str:
     """`status` piped: plain columns, then the same lines."""
-    lines = [status_plain(snap), *filter(None, [_job_line(snap), _standby_line(snap), _regroup_line(snap)]),
+    lines = [status_plain(snap), *filter(None, [group_line(snap), _job_line(snap), _standby_line(snap),
+                                                _regroup_line(snap)]),
              *_split_lines(snap)]
     lines += [f"attempt {a['number']} {a['outcome']}: {a['reason']}" for a in snap["attempts"][:-1] if a["reason"]]
     failure = _failure_words(snap)

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, TypedDict
 
 from launcher.engines.base import ProbeRow, Result
 from launcher.run import phases, record
-from launcher.run.progress import Progress, typed
-from launcher.run.states import Figures, RunState, TaskState, end_state
+from launcher.run.progress import Progress, position, typed
+from launcher.run.failure import FailureKind
+from launcher.run.states import Figures, Listed, RunState, TaskState, end_state
 from worker.host.protocol import ProgressState
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class TaskRow(TypedDict):
     global_step: int | None
     loss: float | None
     metrics: dict[str, float]
-    samples_per_sec: float | None
+    samples_per_sec: float | None  # the task's own measure of its group's throughput (GroupRow's is the one shown)
+    behind: int | None  # steps its record is behind the group's (GroupRow): records are read at their own moments
     compute_ms: float | None
     wait_ms: float | None
     replicas: int | None
@@ -51,6 +53,22 @@ class TaskRow(TypedDict):
     standby: dict[str, object] | None
     warm: bool
     error: str | None
+
+
+class GroupRow(TypedDict):
+    """The group at one moment: the newest record of its tasks (the most global steps; of tasks at the same step,
+    the lowest's: the chief's), the one place the group's position, loss and training throughput are read."""
+
+    task: int  # whose record
+    time: float | None  # when it was written (the task's clock)
+    epoch: int | None
+    epochs: int | None
+    step: int | None
+    steps_per_epoch: int | None
+    global_step: int | None
+    loss: float | None
+    metrics: dict[str, float]
+    samples_per_sec: float | None
 
 
 class AttemptRow(TypedDict):
@@ -90,6 +108,7 @@ class _Snapshot(TypedDict):
     engine: str
     attempts: list[AttemptRow]
     tasks: list[TaskRow]
+    group: GroupRow | None
     straggler: StragglerJson | None
     job: object  # a scheduler's job as its engine's probe said it
 
@@ -112,17 +131,32 @@ def _task_state(row: ProbeRow) -> TaskState:
     return end_state(TaskState.RUNNING, code, notice=False, lost=code is None)
 
 
-def shown_state(state: TaskState, progress: Progress) -> str:
+def shown_state(state: TaskState, progress: Progress, tells: bool = False) -> str:
     """A task's state as `status`, `--json`, the page and /metrics show it: `starting` for a running task whose
-    training says it has trained no step yet (importing, joining its group; its progress, typed), else the
-    recorded state. A command that writes no progress.json is `running` from its start."""
-    if state != TaskState.RUNNING or not progress:
+    training says it has trained no step yet (importing, joining its group; its progress, typed), or has said
+    nothing yet where it is one that tells (`tells`: the built-in runner), else the recorded state. A command
+    that writes no progress.json is `running` from its start."""
+    if state != TaskState.RUNNING:
         return str(state)
+    if not progress:
+        return STARTING if tells else str(state)
     said = ProgressState.of(progress)
     if said == ProgressState.STARTING or (said == ProgressState.TRAINING and
                                           (progress.get("global_step") or 0) <= (progress.get("first_global_step") or 0)):
         return STARTING
     return str(state)
+
+
+def refused(run: record.RunRecord) -> bool:
+    return run.failure is not None and run.failure.kind == FailureKind.REFUSED
+
+
+def shown_run_state(run: record.RunRecord, alive: bool) -> RunState | Listed:
+    """A run's state as `ls`, `status`, `--json`, the page and /metrics show it: `refused` where its preflight
+    refused it (recorded as failed), `lost` where it has not ended and its launcher (`alive`) is gone."""
+    if refused(run):
+        return Listed.REFUSED
+    return run.state if run.ended or alive else RunState.LOST
 
 
 def task_now(recorded: TaskState, row: ProbeRow | None) -> TaskState:
@@ -141,22 +175,25 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
     until = (run.ended_at or now) if run.ended else now  # an ended run's heartbeat stopped at its end
     alive = record.launcher_alive(run)
     tasks: list[TaskRow] = []
+    records: list[tuple[int, Progress]] = []
     for i, t in enumerate(run.tasks):
         res = probes[i] if probes else None
         row = res.value if res is not None and res.ok else None  # None: its host not asked (or not answering)
         seen = row or ProbeRow()
         progress = typed(seen.progress or t.progress)  # written by the training: untrusted
-        state = shown_state(t.state if run.ended else task_now(t.state, row), progress)
+        state = shown_state(t.state if run.ended else task_now(t.state, row), progress, tells=run.start is not None)
         code = seen.exit_code
         gpus = seen.gpus or t.gpus
         beat = progress.get("time") if state != STARTING else None  # no heartbeat before the first step
+        epoch, at = position(progress)
+        records.append((t.index, progress))
         tasks.append({
             "index": t.index, "host": t.host, "port": t.port, "pid": seen.pid or t.pid,
             "state": state, "exit_code": t.exit_code if code is None else code,
-            "attempt": t.attempt, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-            "step": progress.get("step"), "steps_per_epoch": progress.get("steps_per_epoch"),
+            "attempt": t.attempt, "epoch": epoch, "epochs": progress.get("epochs"),
+            "step": at, "steps_per_epoch": progress.get("steps_per_epoch"),
             "global_step": progress.get("global_step"), "loss": progress.get("loss"),
-            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
+            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"), "behind": None,
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,
@@ -169,7 +206,11 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
             "standby": asdict(t.standby) if t.standby and not run.ended and alive else None, "warm": t.warm,
             "error": str(res.error) if res is not None and not res.ok else None,
         })
-    state = run.state if run.ended or alive else RunState.LOST
+    state = shown_run_state(run, alive)
+    together = group(records)
+    for shown in tasks:
+        if together is not None and together["global_step"] is not None and shown["global_step"] is not None:
+            shown["behind"] = together["global_step"] - shown["global_step"]
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
             "regroups": [{"attempt": r.attempt, "kind": str(r.kind), "tasks": r.tasks, "at": r.regrouped_at,
@@ -182,9 +223,22 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
                           "reason": a.reason, "failure": a.failure.to_json() if a.failure else None,
                           "started_at": a.started_at, "ended_at": a.ended_at, "phases": phases.told(a)}
                          for a in run.attempts],
-            "tasks": tasks, "straggler": straggler_json(tasks),
+            "tasks": tasks, "group": together, "straggler": straggler_json(tasks),
             # a scheduler's job (Slurm: id, state such as pending/running/completed/failed/cancelled, reason)
             "job": next((r.value.job for r in probes or [] if r.value is not None and r.value.job), None)}
+
+
+def group(records: list[tuple[int, Progress]]) -> GroupRow | None:
+    """The group at one moment (GroupRow) from its tasks' typed records (index, progress); None before any
+    task trained a step. Its tasks step together: the newest record is where the group is."""
+    trained = [(i, p) for i, p in records if p.get("global_step")]
+    if not trained:
+        return None
+    index, p = min(trained, key=lambda r: (-(r[1].get("global_step") or 0), r[0]))
+    epoch, at = position(p)
+    return {"task": index, "time": p.get("time"), "epoch": epoch, "epochs": p.get("epochs"), "step": at,
+            "steps_per_epoch": p.get("steps_per_epoch"), "global_step": p.get("global_step"), "loss": p.get("loss"),
+            "metrics": p.get("metrics") or {}, "samples_per_sec": p.get("samples_per_sec")}
 
 
 def straggler_json(tasks: list[TaskRow]) -> StragglerJson | None:

@@ -39,6 +39,18 @@ class Program:
         another Python than the task core's, options it would not keep): that program starts cold."""
         return cls.parse(argv) if len(argv) >= 2 and _same_python(argv[0], python) else None
 
+    @staticmethod
+    def cold(argv: list[str] | tuple[str, ...], python: str) -> str:
+        """Why of() finds no program a fork can run in `argv`, in words for its user ('' where it finds one)."""
+        if Program.of(argv, python) is not None:
+            return ""
+        if len(argv) < 2 or not _PYTHON.match(os.path.basename(argv[0])):
+            return f"its command ({argv[0] if argv else 'none'}) is not `python SCRIPT.py` or `python -m MODULE`"
+        if not _same_python(argv[0], python):
+            return (f"its command's Python ({shutil.which(argv[0]) or argv[0]}) is not the one its task core runs "
+                    f"({python}): name that one in `command` for warm restarts")
+        return "its command's options are not `python SCRIPT.py ...` or `python -m MODULE ...`"
+
     @classmethod
     def parse(cls, argv: list[str] | tuple[str, ...]) -> "Program | None":
         """The program `argv` runs, by its form alone (its Python is checked on its host, by of())."""

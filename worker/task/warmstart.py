@@ -93,6 +93,9 @@ class WarmStart:
         self.load_rest()
         from worker.host import protocol
         tries, beat_at, ended = 0, 0.0, ""
+        if self.program is None and self.setup.warm:  # said once, where the run would otherwise not know why
+            self.tell(f"no standby: {Program.cold(self.setup.argv, sys.executable)}; attempt {self.setup.attempt} "
+                      "starts cold if the run restarts")
         while not self.begun.is_set() and not self.stopping.is_set():
             if self.server is not None and not self.server.look():
                 ended = self.server.ended()

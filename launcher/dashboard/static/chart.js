@@ -6,7 +6,8 @@
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
 const OUTCOME = { succeeded: "#4c9a2a", failed: "#c0392b", preempted: "#e67e22", shrunk: "#8e44ad",
                   regrouped: "#16a085", stopped: "#7f8c8d" };
-const PHASE = { preflight: "#bdc3c7", start: "#f1c40f", "first step": "#e67e22", training: "#27ae60",
+const PHASE = { preflight: "#bdc3c7", setup: "#d5dbdb", spawn: "#f1c40f", "to first step": "#e67e22",
+                training: "#27ae60", "first step": "#e67e22",
                 teardown: "#7f8c8d" };
 const EVENT = { failure: "#c0392b", restart: "#2471a3", preemption: "#e67e22", lost: "#8e44ad", back: "#16a085" };
 const PAD = { left: 64, right: 12, top: 10, bottom: 24 };
@@ -131,14 +132,17 @@ function timeChart({ width, height = 190, until, lines, marks = [], log = false,
   const yscale = log ? { log: true, lo: lo / 1.2, hi: hi * 1.2 } : { max: values.length ? hi * 1.08 : 1 };
   const { x, y, axes } = frame(width, height, until, yscale, axis, startups);
   const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "chart" }, axes);
-  for (const m of marks) {
-    chart.append(svg("line", { x1: x(m.t), x2: x(m.t), y1: PAD.top, y2: height - PAD.bottom, class: "mark" },
-                     svg("title", { text: m.label })));
+  for (const m of marks) {  // an event (a restart, a failure) in its colour, as in the PNG; an epoch's end grey
+    const line = svg("line", { x1: x(m.t), x2: x(m.t), y1: PAD.top, y2: height - PAD.bottom,
+                               class: m.kind ? "mark event-mark" : "mark" }, svg("title", { text: m.label }));
+    if (m.kind) line.style.stroke = EVENT[m.kind] || "#c0392b";  // CSSOM, allowed by the page's style policy
+    chart.append(line);
   }
   for (const line of lines) {
     const pts = line.points.filter((p) => p[0] >= 0 && p[0] <= until);
     if (!pts.length) continue;
-    const d = pts.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
+    // p[2]: the first point of a new attempt: the stroke starts again (nothing drawn across a restart)
+    const d = pts.map((p, i) => `${i && !p[2] ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
     if (pts.length > 1 || !line.dots) {
       const dash = line.dashed ? "5 3" : null;
       chart.append(svg("path", { d, class: "line", stroke: line.colour, "stroke-dasharray": dash },

@@ -87,6 +87,16 @@ const fmt = {
   clock(t) {  // seconds since the epoch -> local date and time
     return typeof t === "number" ? new Date(t * 1000).toLocaleString() : "–";
   },
+  sig(x, digits = 4) {  // a loss or metric: `digits` significant digits, as Python's "{:.4g}" (console, status)
+    if (typeof x !== "number" || !isFinite(x)) return "–";
+    const [mantissa, power] = x.toExponential(digits - 1).split("e");
+    const e = Number(power);
+    if (e < -4 || e >= digits) {
+      return `${mantissa.replace(/\.?0+$/, "")}e${e < 0 ? "-" : "+"}${String(Math.abs(e)).padStart(2, "0")}`;
+    }
+    const fixed = x.toFixed(Math.max(0, digits - 1 - e));
+    return fixed.includes(".") ? fixed.replace(/\.?0+$/, "") : fixed;
+  },
   of(a, b) {
     return a === null || a === undefined ? "–" : b ? `${a}/${b}` : String(a);
   },

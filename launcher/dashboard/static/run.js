@@ -48,7 +48,8 @@ function taskRow(t, straggler) {
     el("td", { class: "epoch", text: fmt.of(t.epoch, t.epochs) }),
     el("td", { class: "step", text: fmt.of(t.step, t.steps_per_epoch) }),
     el("td", { class: "global-step", text: fmt.of(t.global_step) }),
-    el("td", { class: "rate", text: fmt.num(t.samples_per_sec, 1) }),
+    el("td", { class: "behind", text: fmt.of(t.behind) }),
+    el("td", { class: "rate", text: fmt.num(t.samples_per_sec) }),
     el("td", { class: "heartbeat", text: seconds(t.heartbeat_age) }),
     el("td", { class: "cpu", text: fmt.num(t.cpu_percent) }),
     el("td", { class: "memory", text: megabytes(t.rss) }),
@@ -61,11 +62,21 @@ function fact(name, value) {
   return [el("dt", { text: name }), el("dd", { text: value })];
 }
 
+function figures(g) {  // the group's figures (status --json's group; an ended run's final), as `status` words them
+  const metrics = Object.entries(g.metrics || {}).map(([k, v]) => `${k} ${fmt.sig(v)}`);
+  return [`epoch ${fmt.of(g.epoch, g.epochs)}`, `loss ${fmt.sig(g.loss)}`, ...metrics,
+          `samples/s ${fmt.num(g.samples_per_sec)}`].join(" · ");
+}
+
 function finalBox(f) {  // an ended run's last figures, at the top
-  const metrics = Object.entries(f.metrics || {}).map(([k, v]) => `${k} ${fmt.num(v, 4)}`);
-  return el("p", { class: "final" }, el("strong", { text: "final: " }),
-    [`epoch ${fmt.of(f.epoch, f.epochs)}`, `loss ${fmt.num(f.loss, 4)}`, ...metrics,
-     `samples/s ${fmt.num(f.samples_per_sec, 1)}`].join(" · "));
+  return el("p", { class: "final" }, el("strong", { text: "final: " }), figures(f));
+}
+
+function groupBox(g) {  // the group at one moment: the newest record of its tasks
+  if (!g) return "";
+  return el("p", { class: "group" }, el("strong", { text: "group: " }),
+    `${figures(g)} · step ${fmt.of(g.step, g.steps_per_epoch)} · global step ${fmt.of(g.global_step)} ` +
+    `(task ${g.task}'s record, the newest; each task's row is its own record, "behind" that many steps)`);
 }
 
 function showStatus(s) {
@@ -83,6 +94,7 @@ function showStatus(s) {
   if ($("spec").textContent !== (s.spec_text || "")) $("spec").textContent = s.spec_text || "the run's copy of its spec cannot be read";
   $("stacks-section").hidden = !!s.refused || ["succeeded", "failed", "stopped", "lost"].includes(s.state);
   $("unrecorded").replaceChildren(s.unrecorded ? el("p", { class: "note", text: s.unrecorded }) : "");
+  $("group").replaceChildren(groupBox(s.group));
   fillTable($("tasks"), s.tasks.map((t) => taskRow(t, s.straggler)));
   const st = s.straggler, timed = s.tasks.some((t) => typeof t.compute_ms === "number");
   $("straggler").textContent = st
@@ -103,6 +115,10 @@ function failureBox(f) {  // its cause first (the exception, the user's own line
     more.length ? el("pre", { class: "wrap", text: more.join("\n") }) : "");  // the reasons, the lines around it
 }
 
+function rest(text) {  // what a reason says after its first line (the last lines of the task's log), whole
+  return text ? String(text).split("\n").slice(1).join("\n").trim() : "";
+}
+
 function firstLine(text) {  // a reason's own words, without the log lines a failure carries
   const line = String(text).split("\n")[0];
   return line.length > 400 ? `${line.slice(0, 400)}…` : line;
@@ -113,8 +129,9 @@ function chartBox(title, explain, chart, lines) {
             chart, lines ? legend(lines) : null);
 }
 
-function pointsOf(items, key) {
-  return items.filter((p) => typeof p[key] === "number").map((p) => [p.t, p[key]]);
+function pointsOf(items, key) {  // [t, value, whether it begins another attempt than the point before]
+  const kept = items.filter((p) => typeof p[key] === "number");
+  return kept.map((p, i) => [p.t, p[key], i > 0 && p.attempt !== kept[i - 1].attempt]);
 }
 
 function showSeries(series, error) {
@@ -129,7 +146,8 @@ function showSeries(series, error) {
   const allT = series.tasks.flatMap((t) => t.points.map((p) => p.t));
   const until = largest(allT, Math.max(1, series.until ?? series.end ?? 0));
   const group = series.group || { within: [], epochs: [] };
-  const marks = group.epochs.map((e) => ({ t: e.t, label: `epoch ${e.epoch} ended` }));
+  const events = (series.events || []).map((e) => ({ t: e.t, kind: e.kind, label: `${e.kind}: ${e.label || ""}` }));
+  const marks = [...group.epochs.map((e) => ({ t: e.t, label: `epoch ${e.epoch} ended` })), ...events];
 
   const rate = [
     { name: "within epochs (recent steps)", colour: colour(0), points: pointsOf(group.within, "samples_per_s") },
@@ -157,7 +175,8 @@ function showSeries(series, error) {
   ]);
   const attempts = series.attempts || [];
   box.replaceChildren(...[  // replaceChildren would show a null as the text "null"
-    chartBox("samples/s", "of the whole group (every task measures the same rate), from zero; grey lines: epoch ends.",
+    chartBox("samples/s", "the group's training throughput (task 0's measure, as the console's epoch lines), from " +
+             "zero; grey lines: epoch ends; dashed, coloured: failures and restarts (no line is drawn across one).",
              timeChart({ width, until, lines: rate, marks, axis, startups }), rate),
     chartBox("loss", `per epoch (val_loss too), and within epochs${log ? ", on a log axis" : ""}.`,
              timeChart({ width, until, lines: loss, marks, log, axis, startups }), loss),
@@ -174,13 +193,14 @@ function showSeries(series, error) {
   $("attempts").replaceChildren(...attempts.map((a) => el("li", {},
     el("strong", { text: `attempt ${a.index}: ${a.outcome || "running"}` }),
     ` ${mmss(a.start ?? 0)}–${typeof a.end === "number" ? mmss(a.end) : "now"}`,
-    a.reason ? el("span", { class: "reason", text: ` — ${firstLine(a.reason)}` }) : "")),
+    a.reason ? el("span", { class: "reason", text: ` — ${firstLine(a.reason)}` }) : "",
+    rest(a.reason) ? el("pre", { class: "wrap reason-more", text: rest(a.reason) }) : "")),  // its log lines too
     ...(series.events || []).map((e) => el("li", {}, el("strong", { text: e.kind }), ` ${mmss(e.t)} `,
       el("span", { class: "reason", text: e.label || "" }))),
     ...(series.restart_phases || []).map((r) => el("li", { class: "restart-phases", text: r.line })));  // as up said
   $("phases").replaceChildren(...(series.phases || []).map((p) => el("li", {
     text: `${p.name} ${mmss(p.start ?? 0)}–${typeof p.end === "number" ? mmss(p.end) : "now"}` +
-          (typeof p.end === "number" && typeof p.start === "number" ? ` (${fmt.duration(p.end - p.start)})` : ""),
+          (typeof p.end === "number" && typeof p.start === "number" ? ` (${fmt.num(p.end - p.start, 1)} s)` : ""),
   })));
 }
 
