@@ -55,6 +55,16 @@ def warm(spec: ClusterSpec) -> bool:
     return launch.standby and (launch.max_restarts > 0 or launch.max_preemptions > 0)
 
 
+def cold_words(spec: ClusterSpec, plans: list[TaskPlan]) -> str | None:
+    """Why a run that can restart keeps no standbys, its restarts starting cold (None where it keeps them): its
+    command is not in a form a fork server runs (one that is, in another Python than the task core's, is said by
+    the task: worker.task.warmstart)."""
+    if not warm(spec) or not plans or any(p.warm for p in plans):
+        return None
+    return (f"restarts start cold (no standbys): its command ({plans[0].argv[0]}) is not `python SCRIPT.py ...` or "
+            "`python -m MODULE ...`, the forms a fork server can start")
+
+
 def run_root(host: Host, run_id: str) -> str:
     """The run's folder on a host, holding the tasks' folders, checkpoint and model.
 

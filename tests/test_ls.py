@@ -46,7 +46,9 @@ def test_a_refused_up_never_hides_the_run_that_trains(cli, tmp_path):
         assert (f"run {trains}: the newest run that did not end in its preflight; 1 newer run(s) skipped: they ended in "
                 "their preflight") in status.stderr
         refused_id = runs[0]["run_id"]
-        assert status_json(cli, refused_id)["failure"]["kind"] == "refused"  # named, it is still there
+        refused_snap = status_json(cli, refused_id)  # named, it is still there, and `status` says what `ls` says
+        assert refused_snap["failure"]["kind"] == "refused" and refused_snap["state"] == "refused", refused_snap
+        assert cli("status", refused_id, timeout=60).stdout.startswith(f"run {refused_id}: refused")
     finally:
         down = cli("down", timeout=120)  # bare: stops the training run, not the refused one
     assert down.returncode == 0, down.stdout + down.stderr

@@ -46,8 +46,11 @@ def test_a_line_joining_an_older_one_brings_its_own_lines_forward_never_later_th
     assert shown(w.due(0.5)) == ["task0 h | loss 0.31", "task1 h | loss 0.32", "task0-1 | epoch 1/5"]
 
 
-def test_epoch_lines_differing_only_in_each_tasks_own_rate_are_alike_and_show_the_first():
+def test_epoch_lines_differing_only_in_each_tasks_own_rate_are_alike_and_show_the_chiefs():
     w = Window()
+    w.add(1, "h", ["epoch 1/5 loss=0.5 accuracy=0.9 samples/s=771"], now=0.0)  # task 1's came first: task 0's rate
+    w.add(0, "h", ["epoch 1/5 loss=0.5 accuracy=0.9 samples/s=750"], now=0.1)  # is the group's, as status gives it
+    assert shown(w.drain()) == ["task0-1 | epoch 1/5 loss=0.5 accuracy=0.9 samples/s=750"]
     w.add(0, "h", ["epoch 1/5 loss=0.5 accuracy=0.9 samples/s=750"], now=0.0)
     w.add(1, "h", ["epoch 1/5 loss=0.5 accuracy=0.9 samples/s=771"], now=0.1)
     w.add(1, "h", ["epoch 2/5 loss=0.4 accuracy=0.9 samples/s=771"], now=0.2)  # its own metrics: apart

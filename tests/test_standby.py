@@ -183,6 +183,25 @@ def test_standby_false_or_a_run_that_cannot_restart_starts_cold(cli, tmp_path):
     assert not (run_dir(tmp_path, st, 0) / "forkserver.log").exists()
 
 
+def test_a_command_that_no_fork_can_run_says_why_it_restarts_cold(cli, tmp_path):
+    """Not Python's form: said by `up` once; Python's, but another interpreter than the task core's (a `python3`
+    on the PATH that is not it): said by each task's standby, once."""
+    spec = write_spec(tmp_path, 'command = ["/bin/sh", "-c", "sleep 4"]', launch="max_restarts = 1")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("restarts start cold (no standbys): its command (/bin/sh) is not `python SCRIPT.py") == 1
+    other = tmp_path / "bin" / "python3"
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)  # the same Python, elsewhere: a fork of the core's could import other things
+    (tmp_path / "train.py").write_text("import time\ntime.sleep(6)\n")
+    spec = write_spec(tmp_path, f'command = ["{other}", "train.py"]', launch="max_restarts = 1", name="other.toml")
+    r = cli("up", spec, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    told = [line for line in r.stdout.splitlines() if f"no standby: its command's Python ({other}) is not" in line]
+    assert len(told) == 2 and all("a restart starts it cold" in line for line in told), r.stdout  # once per task
+    assert not wait_gone(cli.home, 30)
+
+
 def stop_and_see_none_left(cli, tmp_path, stop) -> None:
     spec = script_spec(tmp_path)
     with cli.running("up", spec, start_new_session=True) as up:

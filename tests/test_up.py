@@ -175,11 +175,15 @@ def test_detach_status_down(cli, tmp_path):
         assert later["tasks"][1]["global_step"] >= first["tasks"][1]["global_step"]
         table = cli("status", timeout=60)
         assert table.returncode == 0 and "running" in table.stdout
+        wait_for(lambda: ((status_json(cli)["group"] or {}).get("epoch") or 0) >= 2, 120, "epoch 1's end")
     finally:
         d = cli("down", timeout=120)
     assert d.returncode == 0, d.stdout + d.stderr
     assert not wait_gone(cli.home, 5)
-    assert status_json(cli)["state"] == "stopped"
+    snap = status_json(cli)
+    assert snap["state"] == "stopped"
+    out = (cli.home / "runs" / snap["run_id"] / "launcher.out").read_text()  # the background launcher's: quiet,
+    assert "| epoch 1/300 loss=" in out and "task 0 of 2 (chief)" not in out, out  # but its epochs are told
     again = cli("down", timeout=120)
     assert again.returncode == 0, again.stderr
     assert time.time() - t0 < 600

@@ -11,6 +11,7 @@ from launcher.run import interrupts, record
 from launcher.run.home import new_run_id, run_folder
 from launcher.run.agent import Agent
 from launcher.engines import engine_for
+from launcher.plan import cold_words
 from launcher.engines.base import Claim, Engine, Launching, TaskCheck
 from launcher.errors import HomeError, Interrupted, PreflightError, RunFailed, SpecError
 from launcher.run.failure import Failure, FailureKind
@@ -152,6 +153,9 @@ def run_recorded(spec: ClusterSpec, spec_path: Path, owner: record.Owner, out: O
             out.say(f"run {run.run_id} {start.words()}")
         run.took(RunPhase.PREFLIGHT_S, time.time() - t0)
         out.say(f"starting {len(run.tasks)} task(s); logs in {run_folder(run.run_id)}")
+        cold = cold_words(spec, engine.plans) if isinstance(spec, HostsSpec) else None  # (a scheduler's: no standbys)
+        if cold:
+            out.say(cold)
         agent = Agent(spec, engine, owner, out)
         try:
             agent.execute()

@@ -94,8 +94,7 @@ class WarmStart:
         from worker.host import protocol
         tries, beat_at, ended = 0, 0.0, ""
         if self.program is None and self.setup.warm:  # said once, where the run would otherwise not know why
-            self.tell(f"no standby: {Program.cold(self.setup.argv, sys.executable)}; attempt {self.setup.attempt} "
-                      "starts cold if the run restarts")
+            self.tell(f"no standby: {Program.cold(self.setup.argv, sys.executable)}; a restart starts it cold")
         while not self.begun.is_set() and not self.stopping.is_set():
             if self.server is not None and not self.server.look():
                 ended = self.server.ended()

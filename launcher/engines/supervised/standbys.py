@@ -70,6 +70,7 @@ class Standbys:
         self.transports, self.told, self.said = transports, told, said
         self.now: dict[int, Standby] = {}
         self.replaced: dict[int, int] = {}
+        self.told_notes: set[tuple[int, str]] = set()
         self.lock = threading.Lock()
         self.closed = False
         self.starting: list[threading.Thread] = []
@@ -112,8 +113,12 @@ class Standbys:
             state = StandbyState(pid=event.pid, ready=event.ready, memory=event.memory, attempt=standby.attempt)
             self.told(index, state if event.pid else None)
             return
-        if isinstance(event, protocol.Note):  # its core gave up on its program (it kept dying)
-            self.said(index, event.text)
+        if isinstance(event, protocol.Note):  # its core gave up on its program (it kept dying), or cannot fork it
+            with self.lock:
+                told = (index, event.text) in self.told_notes  # the next attempt's standby says the same: once
+                self.told_notes.add((index, event.text))
+            if not told:
+                self.said(index, event.text)
             return
         if not isinstance(event, (protocol.Exit, protocol.Lost)):
             return
