@@ -147,3 +147,32 @@ def test_watch_moves_during_training_and_keeps_the_needed_columns_on_80_columns(
         steps = [[(int(r["epoch"].split("/")[0]) - 1) * 22 + int(r["step"].split("/")[0]) for r in rows]
                  for _, rows in seen]
         assert all(abs(a - b) <= 11 for a, b in steps), (cols, steps)
+
+
+def test_one_position_rule_and_the_group_at_one_moment():
+    """Pure: a record at an epoch's last step and one just past it read alike; the group is the newest record
+    (ties: the lowest task); a running task of the attempt is shown where its group is, an ended one where it
+    stopped; the run's phases follow each other and sum to its wall time."""
+    from launcher.run.phases import run_intervals
+    from launcher.run.progress import position
+    from launcher.run.view import group, shown_position
+
+    assert position({"global_step": 612, "steps_per_epoch": 102, "epoch": 7, "step": 0}) == (6, 102)
+    assert position({"global_step": 613, "steps_per_epoch": 102}) == (7, 1)
+    assert position({"epoch": 2, "step": 5}) == (2, 5) and position({}) == (None, None)  # a script's own record
+    records = [(0, {"global_step": 194, "steps_per_epoch": 22, "samples_per_sec": 2374.0, "loss": 0.5}),
+               (1, {"global_step": 211, "steps_per_epoch": 22, "samples_per_sec": 2397.2, "loss": 0.4})]
+    g = group(records)
+    assert (g["task"], g["epoch"], g["step"], g["samples_per_sec"]) == (1, 10, 13, 2397.2), g
+    assert group([(1, {"global_step": 5}), (0, {"global_step": 5})])["task"] == 0 and group([(0, {})]) is None
+    row = {"state": "running", "attempt": 1, "behind": 17, "epoch": 9, "step": 18}
+    assert shown_position(row, g, attempt=1) == [10, 13]  # steps with its group: not an epoch apart
+    assert shown_position({**row, "state": "failed"}, g, attempt=1) == [9, 18]  # where it stopped
+    assert shown_position(row, g, attempt=2) == [9, 18]  # not of this attempt
+    marks = {"preflight_s": 0.5, "spawn_started": 101.0, "all_started": 104.0, "first_step": 109.0, "end": 150.0}
+    found = run_intervals(100.0, marks, 151.5)
+    assert [(p.name, p.seconds) for p in found] == [("preflight", 0.5), ("setup", 0.5), ("spawn", 3.0),
+                                                     ("to first step", 5.0), ("training", 41.0), ("teardown", 1.5)]
+    assert sum(p.seconds for p in found) == 151.5 - 100.0
+    failed = run_intervals(100.0, {**marks, "end": None}, 151.5, until=151.0)  # a run that failed: until its end
+    assert [p.name for p in failed][-2:] == ["training", "teardown"] and sum(p.seconds for p in failed) == 51.5

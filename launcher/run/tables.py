@@ -181,10 +181,11 @@ def _age(seconds: float | None) -> str:
 def status_rows(snap: Snapshot) -> list[list[str]]:
     rows = []
     for t in snap["tasks"]:
-        begun = bool(t["epoch"])  # epoch 0: TensorFlow still starting, no step yet
+        epoch, step = t["position"]  # a running task's: its group's (view.shown_position)
+        begun = bool(epoch)  # epoch 0: TensorFlow still starting, no step yet
         rows.append([str(t["index"]), f"{t['host']}:{t['port']}", _num(t["pid"]), t["state"],
-                     _of(t["epoch"], t["epochs"]) if begun else "",
-                     _of(t["step"], t.get("steps_per_epoch")) if begun else "", _num(t["behind"]),
+                     _of(epoch, t["epochs"]) if begun else "",
+                     _of(step, t.get("steps_per_epoch")) if begun else "", _num(t["behind"]),
                      _num(t["loss"], LOSS), _age(t["heartbeat_age"]),
                      _num(t["samples_per_sec"], RATE), _num(t["cpu_percent"]),
                      _num(_mib(t["rss"]))])

@@ -42,6 +42,7 @@ class TaskRow(TypedDict):
     metrics: dict[str, float]
     samples_per_sec: float | None  # the task's own measure of its group's throughput (GroupRow's is the one shown)
     behind: int | None  # steps its record is behind the group's (GroupRow): records are read at their own moments
+    position: list[int | None]  # [epoch, step] where the table and the page show it (shown_position)
     compute_ms: float | None
     wait_ms: float | None
     replicas: int | None
@@ -194,6 +195,7 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
             "step": at, "steps_per_epoch": progress.get("steps_per_epoch"),
             "global_step": progress.get("global_step"), "loss": progress.get("loss"),
             "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"), "behind": None,
+            "position": [epoch, at],
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,
@@ -211,6 +213,7 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
     for shown in tasks:
         if together is not None and together["global_step"] is not None and shown["global_step"] is not None:
             shown["behind"] = together["global_step"] - shown["global_step"]
+        shown["position"] = shown_position(shown, together, run.attempt)
     return {"run_id": run.run_id, "state": str(state), "attempt": run.attempt, "restarts": run.restarts,
             "preemptions": run.preemptions, "hosts_lost": run.hosts_lost,
             "regroups": [{"attempt": r.attempt, "kind": str(r.kind), "tasks": r.tasks, "at": r.regrouped_at,
@@ -239,6 +242,16 @@ def group(records: list[tuple[int, Progress]]) -> GroupRow | None:
     return {"task": index, "time": p.get("time"), "epoch": epoch, "epochs": p.get("epochs"), "step": at,
             "steps_per_epoch": p.get("steps_per_epoch"), "global_step": p.get("global_step"), "loss": p.get("loss"),
             "metrics": p.get("metrics") or {}, "samples_per_sec": p.get("samples_per_sec")}
+
+
+def shown_position(task: TaskRow, together: GroupRow | None, attempt: int) -> list[int | None]:
+    """[epoch, step] where a view shows task `task`: a running task of the group's attempt steps with its group
+    (every step is all-reduced), so it is where the group is, at the group's moment (its own record, up to a
+    second older, is `behind` that many steps); any other task where its own record left it."""
+    if together is not None and task["state"] == TaskState.RUNNING and task["attempt"] == attempt \
+            and task["behind"] is not None:
+        return [together["epoch"], together["step"]]
+    return [task["epoch"], task["step"]]
 
 
 def straggler_json(tasks: list[TaskRow]) -> StragglerJson | None:

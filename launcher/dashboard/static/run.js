@@ -45,8 +45,8 @@ function taskRow(t, straggler) {
     el("td", { text: t.index }),
     el("td", { class: "task-state" }, stateBadge(t.state)),
     el("td", { class: "wrap", text: t.host }),
-    el("td", { class: "epoch", text: fmt.of(t.epoch, t.epochs) }),
-    el("td", { class: "step", text: fmt.of(t.step, t.steps_per_epoch) }),
+    el("td", { class: "epoch", text: fmt.of(t.position[0], t.epochs) }),  // a running task's: its group's
+    el("td", { class: "step", text: fmt.of(t.position[1], t.steps_per_epoch) }),
     el("td", { class: "global-step", text: fmt.of(t.global_step) }),
     el("td", { class: "behind", text: fmt.of(t.behind) }),
     el("td", { class: "rate", text: fmt.num(t.samples_per_sec) }),
@@ -76,7 +76,8 @@ function groupBox(g) {  // the group at one moment: the newest record of its tas
   if (!g) return "";
   return el("p", { class: "group" }, el("strong", { text: "group: " }),
     `${figures(g)} · step ${fmt.of(g.step, g.steps_per_epoch)} · global step ${fmt.of(g.global_step)} ` +
-    `(task ${g.task}'s record, the newest; each task's row is its own record, "behind" that many steps)`);
+    `(task ${g.task}'s record, the newest: a running task steps with its group and is shown where the group is; ` +
+    `its own record is "behind" that many steps, its samples/s its own measure)`);
 }
 
 function showStatus(s) {
