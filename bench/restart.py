@@ -83,7 +83,7 @@ def steps_per_s(home: Path, run_id: str) -> float | None:
     return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
-def pace(home: Path, run_id: str, attempt: int, settle_s: float = 5.0) -> float | None:
+def pace(home: Path, run_id: str, attempt: int, settle_s: float = 2.0) -> float | None:
     """Task 0's global steps per second in `attempt`, from `settle_s` after its first record that moved (the pace
     it trained at, its start-up left out), by the launcher's progress history; None where too little is told."""
     seen = []
@@ -206,7 +206,7 @@ def measure(b: Bench, where: str, hosts: Callable[[], list[dict]], env: dict, de
     rows.append(Row(f"{TITLE}, {where}: steps per second after a restart (baseline: the same run before its kill)",
                     Stat([a for a, _ in paces]) if paces else None, Stat([b_ for _, b_ in paces]) if paces else None,
                     "steps/s", paired_ratio(*zip(*paces)) if paces else None, SLOWDOWN_TARGET,
-                    f"task 0's global steps per second in each attempt from {5:g} s after its first step (the "
+                    f"task 0's global steps per second in each attempt from 2 s after its first step (the "
                     f"launcher's progress history), {len(paces)} run(s) with a kill"))
     held = [p["memory_gb"] for p in plain if p["memory_gb"] is not None]
     rows.append(Row(f"{TITLE}, {where}: memory a standby adds per task", Stat(held) if held else None, None, "GB",

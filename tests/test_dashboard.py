@@ -173,13 +173,15 @@ LIVE = """import os, time
 from worker.training.progress import ProgressWriter
 w = ProgressWriter(os.environ["MGPU_RUN_DIR"], task=int(os.environ["MGPU_TASK_INDEX"]), epochs=500,
                    steps_per_epoch=20, interval=0.2)
-start = time.time()
+start, val = time.time(), {}
 for n in range(1, 10 ** 6):
     epoch, step = 1 + (n - 1) // 20, 1 + (n - 1) % 20
-    w.update(state="training", epoch=epoch, step=step, global_step=n, loss=2.0 / n, metrics={"accuracy": 1 - 1 / n},
-             samples_per_sec=640.0, epoch_samples=32 * step, epoch_train_s=0.05 * step, compute_ms=30.0, wait_ms=20.0)
+    w.update(state="training", epoch=epoch, step=step, global_step=n, loss=2.0 / n,
+             metrics={"accuracy": 1 - 1 / n, **val}, samples_per_sec=640.0, epoch_samples=32 * step,
+             epoch_train_s=0.05 * step, compute_ms=30.0, wait_ms=20.0)
     if step == 20:
-        w.epoch_end(epoch, start, 2.0 / n, {"accuracy": 1 - 1 / n})
+        val = {"val_loss": 1.0 / epoch}  # as Keras' logs: validation's figures from an epoch's end on
+        w.epoch_end(epoch, start, 2.0 / n, {"accuracy": 1 - 1 / n, **val})
         print(f"epoch {epoch}/500 loss={2.0 / n:.4g}", flush=True)
         start = time.time()
     time.sleep(0.05)
@@ -323,6 +325,13 @@ def test_a_live_runs_page_moves_draws_and_shows_a_killed_task_failed_within_3_s(
             wait_for(lambda: page.inner_text('[data-task="1"] .task-state') == "failed", 10, "task 1 shown failed")
             took = time.monotonic() - killed
             assert took < 3.0, f"task 1 shown failed {took:.1f} s after kill -9"
+            # ended mid-epoch: its final figures say which epoch validation's are of (the last that ended)
+            group = wait_for(lambda: (s := status_json(cli, run))["state"] == "failed" and s["group"], 60, "the end")
+            page.wait_for_selector("#final .final", timeout=15_000)
+            final = page.inner_text("#final")
+            assert f"epoch {group['epoch']}/{group['epochs']}" in final, (final, group)
+            if group["step"] < group["steps_per_epoch"] and group["ended_epoch"]:  # (a kill at an epoch's end: none)
+                assert f"(epoch {group['ended_epoch']})" in final and group["ended_epoch"] < group["epoch"], final
 
             # a failure told by its cause: the exception raised in the user's model, and a refused run's reason
             failed, where = raising_run(cli, tmp_path)

@@ -202,6 +202,11 @@ def test_status_and_the_report_of_a_jax_run_read_as_on_tensorflow(pair):
     data = series.load(folder)
     assert {(e["task"], e["epoch"]) for e in data["epochs"]} == {(t, n) for t in (0, 1) for n in range(1, 6)}
     assert all(e["samples_per_s"] > 0 for e in data["epochs"]) and data["attempts"][0]["outcome"] == "succeeded"
+    from test_report import console_rates  # one throughput on JAX too: the console's lines are the report's bars
+
+    shown = console_rates(r.stdout)
+    assert {e["epoch"]: round(e["samples_per_s"]) for e in data["group"]["epochs"]} == shown, (shown, data["group"])
+    assert round(snap["group"]["samples_per_sec"]) == shown[5] and snap["group"]["task"] == 0, snap["group"]
 
 
 def test_kill_9_of_a_task_fails_the_run_naming_it(cli, tmp_path):

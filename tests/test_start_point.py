@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import latest_state, status_json, write_spec
+from conftest import free_port, latest_state, status_json, wait_for, write_spec
+from test_dashboard import dashboard, scrape
 from worker.host.startpoint import Found, Refused, StartPoint, decide, look, options
 
 FAILING = '''import os
@@ -75,12 +76,40 @@ def test_a_new_run_refuses_another_runs_checkpoint_and_resumes_it_when_asked(cli
     assert said.count(f"resumes run {first['run_id']}") == 1, said
     assert second["start"] == {"run": first["run_id"], "epoch": 2, "step": 1, "steps_done": STEPS}, second
     assert "resuming at epoch 2" in said and "epoch 1/2" not in said, said  # epoch 1 is not trained again
+    with dashboard(cli) as (_first, url, _port, token):  # its steps in /metrics are its own, not the resumed run's
+        scraped = scrape(url, token)
+    assert second["group"]["global_step"] == 2 * STEPS, second["group"]  # the model's steps
+    assert scraped[("mgpu_task_step", (("run", second["run_id"]), ("task", "0")))] == STEPS, scraped
+    assert scraped[("mgpu_group_step", (("run", second["run_id"]),))] == STEPS, scraped
 
     # the folder now holds the second run's finished training: a new run is refused naming it
     r = cli("up", spec, timeout=120)
     assert r.returncode == 2 and f"holds run {second['run_id']}'s finished training" in one_line(r), one_line(r)
     r = cli("up", spec, "--resume", second["run_id"], timeout=120)
     assert r.returncode == 2 and "nothing is left to train" in one_line(r), one_line(r)
+
+
+def test_a_folder_in_use_by_a_live_run_is_refused_to_another_even_before_its_first_backup(cli, tmp_path):
+    spec, wd = spec_for(tmp_path, epochs=400)
+    r = cli("up", "--detach", spec, timeout=300)
+    assert r.returncode == 0, one_line(r)
+    first = status_json(cli)["run_id"]
+    try:
+        owner = wd / "ckpt" / "owner.json"  # the chief claims the folder at its start, before any backup
+        wait_for(lambda: owner.exists() and json.loads(owner.read_text())["run"] == first, 120, "the folder claimed")
+        other = tmp_path / "other.toml"  # the same folder on other ports (the first run holds its own)
+        other.write_text(spec.read_text().replace(spec.read_text().split("port = ")[1].split()[0], str(free_port())))
+        r = cli("up", other, timeout=120)
+        said = one_line(r)
+        assert r.returncode == 2, said
+        assert f"is in use by run {first}, which is running on this host now" in said, said
+        assert f"mgpu-cluster down {first}" in said and "Traceback" not in said, said
+        r = cli("up", other, "--resume", first, timeout=120)  # going on from it is refused while it runs, too
+        assert r.returncode == 2 and f"--resume {first}: that run has not ended" in one_line(r), one_line(r)
+        assert status_json(cli, first)["state"] == "running"  # untouched
+    finally:
+        down = cli("down", first, timeout=120)
+    assert down.returncode == 0, one_line(down)
 
 
 def test_resume_of_a_run_whose_backup_is_at_its_end_trains_nothing_and_is_refused(cli, tmp_path):

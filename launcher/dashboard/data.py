@@ -44,6 +44,7 @@ class FinalFigures(TypedDict):
     loss: float | None
     metrics: dict[str, float]
     samples_per_sec: float | None
+    ended_epoch: int | None
 
 
 class Status(Snapshot):
@@ -113,7 +114,7 @@ def final(snap: Snapshot) -> FinalFigures | None:
     if g is None or g["epoch"] is None:
         return None
     return {"task": g["task"], "epoch": g["epoch"], "epochs": g["epochs"], "loss": g["loss"],
-            "metrics": g["metrics"], "samples_per_sec": g["samples_per_sec"]}
+            "metrics": g["metrics"], "samples_per_sec": g["samples_per_sec"], "ended_epoch": g["ended_epoch"]}
 
 
 def spec_text(run_id: str) -> str | None:

@@ -19,7 +19,8 @@ TASK_STATES = [STARTING, *(s.value for s in TaskState)]
 RUN_STATES = [*(s.value for s in RunState), Listed.REFUSED.value]  # as `status --json` shows them (view.shown_run_state)  # as `status --json` shows them (launcher.run.view.shown_state)
 
 TASK_GAUGES = {  # series name: (its field in `status --json`, help)
-    "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs)."),
+    "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs; the steps of a run it "
+                                      "resumed with --resume are not counted)."),
     "mgpu_task_epoch": ("epoch", "The epoch the task trains (or ended at), counted from 1."),
     "mgpu_task_loss": ("loss", "The task's loss: the mean over every replica's batches of its epoch so far."),
     "mgpu_task_cpu_percent": ("cpu_percent", "CPU use of the task's training process (100 = one core)."),
@@ -34,7 +35,8 @@ TASK_GAUGES = {  # series name: (its field in `status --json`, help)
 }
 
 GROUP_GAUGES = {  # series name: (its field in `status --json`'s group, help): the group at one moment
-    "mgpu_group_step": ("global_step", "Steps the group has trained in this run (all epochs), at its newest record."),
+    "mgpu_group_step": ("global_step", "Steps the group has trained in this run (all epochs; the steps of a run it "
+                                       "resumed with --resume are not counted), at its newest record."),
     "mgpu_group_epoch": ("epoch", "The epoch the group trains (or ended at), counted from 1."),
     "mgpu_group_loss": ("loss", "The group's loss: the mean over every replica's batches of its epoch so far."),
     "mgpu_group_samples_per_second": ("samples_per_sec", "Training throughput of the group, its epoch so far: samples "
@@ -70,6 +72,16 @@ def watched_snapshots() -> Iterator[data.Status]:
             continue
 
 
+STEPS = ("mgpu_task_step", "mgpu_group_step")  # counted from the run's own start (steps_before)
+
+
+def steps_before(snap: data.Status) -> int:
+    """The global steps a run resumed with --resume had trained before it (its start's steps_done), else 0."""
+    start = snap["start"]
+    done = whole(start.get("steps_done")) if start and start.get("run") else None
+    return done or 0
+
+
 class RunsCollector(Collector):
     """The watched runs as they are at the moment of the scrape."""
 
@@ -90,11 +102,11 @@ class RunsCollector(Collector):
         group = {name: GaugeMetricFamily(name, help_, labels=["run"]) for name, (_, help_) in GROUP_GAUGES.items()}
         for snap in watched_snapshots():
             run_id = snap["run_id"]
-            together = snap["group"]
+            together, before = snap["group"], steps_before(snap)
             for name, (field, _) in GROUP_GAUGES.items():
                 figure = real(together.get(field)) if together else None
                 if figure is not None:
-                    group[name].add_metric([run_id], figure)
+                    group[name].add_metric([run_id], max(0.0, figure - before) if name in STEPS else figure)
             restarts.add_metric([run_id], snap["restarts"])
             for shown in RUN_STATES:
                 run_state.add_metric([run_id, shown], 1.0 if snap["state"] == shown else 0.0)
@@ -107,7 +119,7 @@ class RunsCollector(Collector):
                 for name, (field, _) in TASK_GAUGES.items():
                     figure = real(task.get(field))  # cpu_percent and rss as the host's probe said them
                     if figure is not None:  # unknown yet (or not a number): no sample, as Prometheus expects
-                        gauges[name].add_metric(labels, figure)
+                        gauges[name].add_metric(labels, max(0.0, figure - before) if name in STEPS else figure)
                 for name, gpu, value in gpu_samples(task):
                     gpu_gauges[name].add_metric([*labels, gpu], value)
         yield from (*group.values(), *gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)

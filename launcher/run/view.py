@@ -70,6 +70,7 @@ class GroupRow(TypedDict):
     loss: float | None
     metrics: dict[str, float]
     samples_per_sec: float | None
+    ended_epoch: int | None  # the last epoch that ended: its metrics (validation's) are in `metrics` mid-epoch
 
 
 class AttemptRow(TypedDict):
@@ -241,7 +242,8 @@ def group(records: list[tuple[int, Progress]]) -> GroupRow | None:
     epoch, at = position(p)
     return {"task": index, "time": p.get("time"), "epoch": epoch, "epochs": p.get("epochs"), "step": at,
             "steps_per_epoch": p.get("steps_per_epoch"), "global_step": p.get("global_step"), "loss": p.get("loss"),
-            "metrics": p.get("metrics") or {}, "samples_per_sec": p.get("samples_per_sec")}
+            "metrics": p.get("metrics") or {}, "samples_per_sec": p.get("samples_per_sec"),
+            "ended_epoch": max((e["epoch"] for e in p.get("epoch_ends", [])), default=None)}
 
 
 def shown_position(task: TaskRow, together: GroupRow | None, attempt: int) -> list[int | None]:

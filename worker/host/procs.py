@@ -57,6 +57,21 @@ def of_task(run_id: str, index: int | str, exclude: int | None = None, attempt: 
     return found
 
 
+def run_lives(run_id: str) -> bool:
+    """Whether any process here (its tasks, supervisors, standbys) says in its environment that it belongs to run
+    `run_id`: this process aside."""
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(names.RUN_ID) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 def _signal(proc: psutil.Process, sig: int, group: bool) -> None:
     try:
         if group and os.getpgid(proc.pid) == proc.pid:

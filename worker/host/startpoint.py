@@ -9,6 +9,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from worker.host.env import RUN_ID
+
 OWNER = "owner.json"  # {"run", "epoch", "step", "steps_done"}: written by the chief with each backup
 FINISHED = "finished.json"  # {"run": id} whose training ended, every task's model saved (worker.training.checkpoints)
 BACKUPS = ("chief", "keras3")  # the backup's folder in the checkpoint folder: tf_keras's, Keras 3's
@@ -50,10 +52,11 @@ class Found:
     backup: bool = False
     owner: StartPoint | None = None
     finished: str | None = None
+    live: bool = False  # the owner's run has processes on this host now: it trains there (or is between attempts)
 
     def to_json(self) -> dict[str, Any]:
         return {"folder": self.folder, "backup": self.backup, "finished": self.finished,
-                "owner": self.owner.to_json() if self.owner else None}
+                "owner": self.owner.to_json() if self.owner else None, "live": self.live}
 
     @classmethod
     def from_json(cls, data: object) -> "Found | None":
@@ -62,7 +65,7 @@ class Found:
             return None
         finished = data.get("finished")
         return cls(folder=data["folder"], backup=data.get("backup") is True, owner=_owner(data.get("owner")),
-                   finished=finished if isinstance(finished, str) and finished else None)
+                   finished=finished if isinstance(finished, str) and finished else None, live=data.get("live") is True)
 
 
 def _owner(data: object) -> StartPoint | None:
@@ -91,11 +94,15 @@ def look(folder: str) -> Found:
         except OSError:
             return False
 
+    from worker.host.procs import run_lives
+
     finished = _json(os.path.join(folder, FINISHED))
     run = finished.get("run") if isinstance(finished, dict) else None
-    return Found(folder=folder, backup=any(has_files(os.path.join(folder, b)) for b in BACKUPS),
-                 owner=_owner(_json(os.path.join(folder, OWNER))),
-                 finished=run if isinstance(run, str) and run else None)
+    owner = _owner(_json(os.path.join(folder, OWNER)))
+    return Found(folder=folder, backup=any(has_files(os.path.join(folder, b)) for b in BACKUPS), owner=owner,
+                 finished=run if isinstance(run, str) and run else None,
+                 live=owner is not None and owner.run is not None and owner.run != os.environ.get(RUN_ID)
+                 and run_lives(owner.run))
 
 
 def look_first(folders: list[str]) -> Found:
@@ -130,6 +137,11 @@ def decide(found: Found, run: str, resume: str | None, epochs: int | None, spec:
     where = found.folder
     fresh = ("or start fresh: remove that folder (on every host that has it) or set [training] checkpoint_dir to "
              "another one")
+    if found.owner is not None and found.live and found.owner.run != run:  # claimed by a run that trains now
+        raise Refused(f"the checkpoint folder {where} is in use by run {found.owner.run}, which is running on this "
+                      "host now; two runs never share a checkpoint folder (one would restore the other's backup "
+                      f"and train on from it). Wait for that run to end or stop it ('mgpu-cluster down "
+                      f"{found.owner.run}'), or set [training] checkpoint_dir to another folder.")
     if found.backup:
         owner = found.owner
         if owner is None:

@@ -63,7 +63,9 @@ function fact(name, value) {
 }
 
 function figures(g) {  // the group's figures (status --json's group; an ended run's final), as `status` words them
-  const metrics = Object.entries(g.metrics || {}).map(([k, v]) => `${k} ${fmt.sig(v)}`);
+  // mid-epoch, validation's figures are the last ended epoch's: said so
+  const of = (k) => k.startsWith("val_") && g.ended_epoch && g.ended_epoch !== g.epoch ? ` (epoch ${g.ended_epoch})` : "";
+  const metrics = Object.entries(g.metrics || {}).map(([k, v]) => `${k} ${fmt.sig(v)}${of(k)}`);
   return [`epoch ${fmt.of(g.epoch, g.epochs)}`, `loss ${fmt.sig(g.loss)}`, ...metrics,
           `samples/s ${fmt.num(g.samples_per_sec)}`].join(" · ");
 }
