@@ -13,7 +13,7 @@ from worker.host import layout
 from worker.host.entries import SupervisedArgs
 from worker.host.env import Backend, endpoint, keeps_spare, task_environment, visible_devices
 from worker.host.spawn import module_argv
-from worker.task.program import Program
+from worker.task.program import Program, not_a_form
 
 SUPERVISOR = SupervisedArgs.module  # the on-host entry of local and SSH tasks
 
@@ -61,8 +61,7 @@ def cold_words(spec: ClusterSpec, plans: list[TaskPlan]) -> str | None:
     the task: worker.task.warmstart)."""
     if not warm(spec) or not plans or any(p.warm for p in plans):
         return None
-    return (f"restarts start cold (no standbys): its command ({plans[0].argv[0]}) is not `python SCRIPT.py ...` or "
-            "`python -m MODULE ...`, the forms a fork server can start")
+    return f"restarts start cold (no standbys): {not_a_form(plans[0].argv)}, the forms a fork server can start"
 
 
 def run_root(host: Host, run_id: str) -> str:

@@ -21,7 +21,7 @@ from launcher.run import files, record
 from launcher.run.logs import Lines, screen, unreadable
 from launcher.run.screen import is_noise
 from launcher.run.states import RunState
-from launcher.run.view import Snapshot, refused, snapshot
+from launcher.run.view import GroupRow, Snapshot, refused, snapshot
 
 if TYPE_CHECKING:
     from launcher.diagnose.series import Series
@@ -37,16 +37,6 @@ class RunList(TypedDict):
     total: int
 
 
-class FinalFigures(TypedDict):
-    task: int
-    epoch: int
-    epochs: int | None
-    loss: float | None
-    metrics: dict[str, float]
-    samples_per_sec: float | None
-    ended_epoch: int | None
-
-
 class Status(Snapshot):
     """A run as its page shows it: as `status --json` does, with what the page adds."""
 
@@ -55,7 +45,7 @@ class Status(Snapshot):
     created_at: float
     ended_at: float | None
     start_said: str | None
-    final: FinalFigures | None
+    final: GroupRow | None  # an ended run's group at its end
     spec_text: str | None
 
 
@@ -105,16 +95,7 @@ def status(run_id: str) -> Status:
     return {**snap, "unrecorded": seen.unrecorded, "refused": refused(run),
             "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at,
             "start_said": run.start.words() if run.start else None,  # as `up` told it
-            "final": final(snap) if run.ended else None, "spec_text": spec_text(run.run_id)}
-
-
-def final(snap: Snapshot) -> FinalFigures | None:
-    """An ended run's last figures: the group's at its end (launcher.run.view.group, as `status` gives them)."""
-    g = snap["group"]
-    if g is None or g["epoch"] is None:
-        return None
-    return {"task": g["task"], "epoch": g["epoch"], "epochs": g["epochs"], "loss": g["loss"],
-            "metrics": g["metrics"], "samples_per_sec": g["samples_per_sec"], "ended_epoch": g["ended_epoch"]}
+            "final": snap["group"] if run.ended and snap["group"] and snap["group"]["epoch"] else None, "spec_text": spec_text(run.run_id)}
 
 
 def spec_text(run_id: str) -> str | None:

@@ -15,8 +15,8 @@ from launcher.run.view import STARTING, TaskRow
 from launcher.run.progress import real, whole
 from launcher.run.states import Listed, RunState, TaskState
 
-TASK_STATES = [STARTING, *(s.value for s in TaskState)]
-RUN_STATES = [*(s.value for s in RunState), Listed.REFUSED.value]  # as `status --json` shows them (view.shown_run_state)  # as `status --json` shows them (launcher.run.view.shown_state)
+TASK_STATES = [STARTING, *(s.value for s in TaskState)]  # as `status --json` shows them (launcher.run.view.shown_state)
+RUN_STATES = [*(s.value for s in RunState), Listed.REFUSED.value]  # as `status --json` shows them (shown_run_state)
 
 TASK_GAUGES = {  # series name: (its field in `status --json`, help)
     "mgpu_task_step": ("global_step", "Steps the task has trained in this run (all epochs; the steps of a run it "
@@ -82,6 +82,11 @@ def steps_before(snap: data.Status) -> int:
     return done or 0
 
 
+def sample(name: str, figure: float, before: int) -> float:
+    """A series' value: a step count from the run's own start (STEPS), any other figure as it is."""
+    return max(0.0, figure - before) if name in STEPS else figure
+
+
 class RunsCollector(Collector):
     """The watched runs as they are at the moment of the scrape."""
 
@@ -106,7 +111,7 @@ class RunsCollector(Collector):
             for name, (field, _) in GROUP_GAUGES.items():
                 figure = real(together.get(field)) if together else None
                 if figure is not None:
-                    group[name].add_metric([run_id], max(0.0, figure - before) if name in STEPS else figure)
+                    group[name].add_metric([run_id], sample(name, figure, before))
             restarts.add_metric([run_id], snap["restarts"])
             for shown in RUN_STATES:
                 run_state.add_metric([run_id, shown], 1.0 if snap["state"] == shown else 0.0)
@@ -119,10 +124,11 @@ class RunsCollector(Collector):
                 for name, (field, _) in TASK_GAUGES.items():
                     figure = real(task.get(field))  # cpu_percent and rss as the host's probe said them
                     if figure is not None:  # unknown yet (or not a number): no sample, as Prometheus expects
-                        gauges[name].add_metric(labels, max(0.0, figure - before) if name in STEPS else figure)
+                        gauges[name].add_metric(labels, sample(name, figure, before))
                 for name, gpu, value in gpu_samples(task):
                     gpu_gauges[name].add_metric([*labels, gpu], value)
-        yield from (*group.values(), *gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts, preemptions)
+        yield from (*group.values(), *gauges.values(), *gpu_gauges.values(), up, task_state, run_state, restarts,
+                    preemptions)
 
 
 def exposition() -> bytes:

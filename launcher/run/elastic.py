@@ -112,8 +112,8 @@ class Elastic:
             return
         self.growing = False
         elapsed = time.time() - self.run.created_at
-        self.say(f"growing has cost {self.run.grow_spent_s():.1f} s of the run's {elapsed:.0f} s so far (each regroup from its "
-                 f"notice to the first step; at most regroup_share = {self.launch.regroup_share:g} of it)")
+        self.say(f"growing has cost {self.run.grow_spent_s():.1f} s of the run's {elapsed:.0f} s so far (each regroup "
+                 f"from its notice to the first step; at most regroup_share = {self.launch.regroup_share:g} of it)")
 
     def names(self, indices: list[int]) -> str:
         return ", ".join(self.label(i) for i in indices)

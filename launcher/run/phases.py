@@ -388,11 +388,11 @@ def restarts_words(run: RunRecord) -> str:
     redone_about = "about " if any(estimated(a.phases, AttemptPhase.STEPS_REDONE) for a in later) else ""
     back = [a.phases["back_s"] for a in later if "back_s" in a.phases]
     back_about = "about " if any(estimated(a.phases, AttemptPhase.BACK_S) for a in later) else ""
-    until = f"{total:.1f} s until their first step ({', '.join(parts)})"
+    until = f"until their first step ({', '.join(parts)})"
     redone_words = f"{redone_about}{redone:.0f} step(s) redone"
     if back and len(back) == len(later):  # what they cost the run: from each failure until it was back where it was
         cost = f"{back_about}{sum(back):.1f} s"
         return (f"{len(later)} restart(s) cost the run {cost} in all (back at the steps reached after {cost} from "
-                f"their failures: {until}, then {redone_words})")
+                f"their failures: {total:.1f} s {until}, then {redone_words})")
     words = f"; {len(back)} of them back at the step reached, after {back_about}{sum(back):.1f} s in all" if back else ""
-    return f"{len(later)} restart(s) cost {until.replace(' until', ' in all until', 1)}, {redone_words}{words}"
+    return f"{len(later)} restart(s) cost {total:.1f} s in all {until}, {redone_words}{words}"

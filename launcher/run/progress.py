@@ -70,7 +70,6 @@ def whole(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
 
 
-
 def step(progress: Progress | None, key: Whole = "global_step") -> int:
     """A typed progress record's global step (or its `key`: first_global_step, steps_per_epoch...); 0 when it
     gives none."""

@@ -137,7 +137,8 @@ def summary(run: RunRecord, width: int = 80) -> Table:
     rows = []
     for t in run.tasks:
         p = t.progress or {}
-        metrics = " ".join(f"{k}={LOSS.format(v)}" for k, v in (p.get("metrics") or {}).items() if isinstance(v, (int, float)))
+        metrics = " ".join(f"{k}={LOSS.format(v)}" for k, v in (p.get("metrics") or {}).items()
+                           if isinstance(v, (int, float)))
         wall = f"{t.ended_at - t.started_at:.1f}" if t.started_at and t.ended_at else ""
         epochs = f"{p['epoch']}/{p['epochs']}" if p.get("epoch") and p.get("epochs") else ""
         rows.append([str(t.index), f"{t.host}:{t.port}", str(t.state), _num(t.exit_code), epochs, metrics, wall]

@@ -22,7 +22,21 @@ EXITED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.PREEMPTED, TaskState.
 STARTING = "starting"  # shown, never recorded: a running task before its first step (shown_state)
 
 
-class TaskRow(TypedDict):
+class RecordFigures(TypedDict):
+    """What one progress record says, as a view shows it: where (by progress.position's rule), loss, metrics and
+    the training throughput as that record's task measured it."""
+
+    epoch: int | None
+    epochs: int | None
+    step: int | None
+    steps_per_epoch: int | None
+    global_step: int | None
+    loss: float | None
+    metrics: dict[str, float]
+    samples_per_sec: float | None
+
+
+class TaskRow(RecordFigures):
     """A task as `status --json` shows it; pid, exit_code, cpu_percent, rss and gpus as its host's probe said them
     (worker.task.probe), else as the record has them."""
 
@@ -33,14 +47,6 @@ class TaskRow(TypedDict):
     state: str
     exit_code: object
     attempt: int
-    epoch: int | None
-    epochs: int | None
-    step: int | None
-    steps_per_epoch: int | None
-    global_step: int | None
-    loss: float | None
-    metrics: dict[str, float]
-    samples_per_sec: float | None  # the task's own measure of its group's throughput (GroupRow's is the one shown)
     behind: int | None  # steps its record is behind the group's (GroupRow): records are read at their own moments
     position: list[int | None]  # [epoch, step] where the table and the page show it (shown_position)
     compute_ms: float | None
@@ -56,20 +62,12 @@ class TaskRow(TypedDict):
     error: str | None
 
 
-class GroupRow(TypedDict):
+class GroupRow(RecordFigures):
     """The group at one moment: the newest record of its tasks (the most global steps; of tasks at the same step,
     the lowest's: the chief's), the one place the group's position, loss and training throughput are read."""
 
     task: int  # whose record
     time: float | None  # when it was written (the task's clock)
-    epoch: int | None
-    epochs: int | None
-    step: int | None
-    steps_per_epoch: int | None
-    global_step: int | None
-    loss: float | None
-    metrics: dict[str, float]
-    samples_per_sec: float | None
     ended_epoch: int | None  # the last epoch that ended: its metrics (validation's) are in `metrics` mid-epoch
 
 
@@ -195,8 +193,8 @@ def snapshot(run: record.RunRecord, probes: list[Result[ProbeRow]] | None = None
             "attempt": t.attempt, "epoch": epoch, "epochs": progress.get("epochs"),
             "step": at, "steps_per_epoch": progress.get("steps_per_epoch"),
             "global_step": progress.get("global_step"), "loss": progress.get("loss"),
-            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"), "behind": None,
-            "position": [epoch, at],
+            "metrics": progress.get("metrics") or {}, "samples_per_sec": progress.get("samples_per_sec"),
+            "behind": None, "position": [epoch, at],  # both set once the group is known (below)
             "compute_ms": progress.get("compute_ms"), "wait_ms": progress.get("wait_ms"),
             "replicas": progress.get("replicas"),  # in sync over all workers (workers x local replicas)
             "heartbeat_age": round(max(0.0, until - beat), 1) if beat else None,

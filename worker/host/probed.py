@@ -60,5 +60,3 @@ def _whole(value: object, signed: bool = False) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and (signed or value >= 0) and abs(value) < 2**63:
         return value
     return None
-
-

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import psutil
 
@@ -41,35 +41,28 @@ def of_task(run_id: str, index: int | str, exclude: int | None = None, attempt: 
     """Every live process whose environment says it belongs to task `index` of run `run_id`:
     also those that left the task's session (setsid, daemons, TensorBoard). With `attempt`, only those
     started for that attempt (the next attempt's standby is not what this one left behind)."""
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid in (me, exclude):
-            continue
-        try:
-            env = proc.environ()
-            if env.get(names.RUN_ID) == run_id and env.get(names.TASK_INDEX) == str(index) \
-                    and (attempt is None or env.get(names.ATTEMPT, str(attempt)) == str(attempt)) \
-                    and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return [proc for proc, env in _of_run(run_id) if proc.pid != exclude and env.get(names.TASK_INDEX) == str(index)
+            and (attempt is None or env.get(names.ATTEMPT, str(attempt)) == str(attempt))]
 
 
-def run_lives(run_id: str) -> bool:
-    """Whether any process here (its tasks, supervisors, standbys) says in its environment that it belongs to run
-    `run_id`: this process aside."""
+def _of_run(run_id: str) -> Iterator[tuple[psutil.Process, dict[str, str]]]:
+    """Each live process here, this one aside, whose environment says it belongs to run `run_id`, with that env."""
     me = os.getpid()
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(names.RUN_ID) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
+            env = proc.environ()
+            if env.get(names.RUN_ID) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+                yield proc, env
         except psutil.Error:
             continue
-    return False
+
+
+def run_lives(run_id: str) -> bool:
+    """Whether any process here (its tasks, supervisors, standbys) says in its environment that it belongs to run
+    `run_id`: this process aside."""
+    return next(_of_run(run_id), None) is not None
 
 
 def _signal(proc: psutil.Process, sig: int, group: bool) -> None:

@@ -86,8 +86,9 @@ def _json(path: str) -> Any:
         return None
 
 
-def look(folder: str) -> Found:
-    """What `folder` holds (nothing where it does not exist)."""
+def look(folder: str, claims: bool = False) -> Found:
+    """What `folder` holds (nothing where it does not exist); with `claims` (where a run's start is decided: the
+    doctor, the runners), whether its owner's run lives on this host (a scan of its processes)."""
     def has_files(path: str) -> bool:
         try:
             return os.path.isdir(path) and bool(os.listdir(path))
@@ -101,20 +102,20 @@ def look(folder: str) -> Found:
     owner = _owner(_json(os.path.join(folder, OWNER)))
     return Found(folder=folder, backup=any(has_files(os.path.join(folder, b)) for b in BACKUPS), owner=owner,
                  finished=run if isinstance(run, str) and run else None,
-                 live=owner is not None and owner.run is not None and owner.run != os.environ.get(RUN_ID)
+                 live=claims and owner is not None and owner.run is not None and owner.run != os.environ.get(RUN_ID)
                  and run_lives(owner.run))
 
 
-def look_first(folders: list[str]) -> Found:
+def look_first(folders: list[str], claims: bool = False) -> Found:
     """What the run starts from, of `folders` (its checkpoint folder, then the one --resume-from adopts): the
-    first that holds files, as the runner adopts (worker.training.config.adopt_checkpoint)."""
+    first that holds files, as the runner adopts (worker.training.config.adopt_checkpoint); `claims`: as look's."""
     for folder in folders:
         try:
             if os.path.isdir(folder) and os.listdir(folder):
-                return look(folder)
+                return look(folder, claims)
         except OSError:
             continue
-    return look(folders[0])
+    return look(folders[0], claims)
 
 
 def write_owner(folder: str, point: StartPoint) -> None:

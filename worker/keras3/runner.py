@@ -89,7 +89,7 @@ def run(config: RunConfig) -> Summary:
         keras.mixed_precision.set_global_policy("mixed_float16")
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
-    found = look(checkpoint_dir)
+    found = look(checkpoint_dir, claims=True)
     if finished_agreed(group.gather(int(finished_here(checkpoint_dir))), checkpoint_dir):
         return nothing_left(writer, group.index, epochs)
     claim(checkpoint_dir, start_point(found, epochs, config.resume_run), group.chief)

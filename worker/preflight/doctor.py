@@ -286,7 +286,7 @@ def check_tasks(tasks: list[TaskDoc], entrypoint: str | None = None, program: st
             problems.append(once(("writable", path), writable_problem, path))
         if t.get("checkpoint"):  # what the run would start from: the launcher decides (launcher.commands.resume)
             folders = [os.path.join(cwd, os.path.expanduser(p)) for p in t["checkpoint"]]
-            entry["checkpoint"] = look_first(folders).to_json()
+            entry["checkpoint"] = look_first(folders, claims=True).to_json()
         entry["problems"] = [p for p in problems if p]
     return {"hostname": socket.gethostname(), "python": sys.executable, "versions": found, "tasks": results}
 

@@ -19,6 +19,12 @@ from dataclasses import dataclass
 from worker.host.spawn import BOOT
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?\Z")
+FORMS = "`python SCRIPT.py ...` or `python -m MODULE ...`"  # the commands a fork server can start
+
+
+def not_a_form(argv: list[str] | tuple[str, ...]) -> str:
+    """Why `argv`, by its form, is no program a fork server can start."""
+    return f"its command ({argv[0] if argv else 'none'}) is not {FORMS}"
 
 
 class Form(str, enum.Enum):
@@ -45,11 +51,11 @@ class Program:
         if Program.of(argv, python) is not None:
             return ""
         if len(argv) < 2 or not _PYTHON.match(os.path.basename(argv[0])):
-            return f"its command ({argv[0] if argv else 'none'}) is not `python SCRIPT.py` or `python -m MODULE`"
+            return not_a_form(argv)
         if not _same_python(argv[0], python):
             return (f"its command's Python ({shutil.which(argv[0]) or argv[0]}) is not the one its task core runs "
                     f"({python}): name that one in `command` for warm restarts")
-        return "its command's options are not `python SCRIPT.py ...` or `python -m MODULE ...`"
+        return f"its command's options are not {FORMS}"
 
     @classmethod
     def parse(cls, argv: list[str] | tuple[str, ...]) -> "Program | None":

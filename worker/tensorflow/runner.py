@@ -59,7 +59,7 @@ def run(config: RunConfig) -> Summary:
     keras.utils.set_random_seed(task.seed)  # same initial weights and order from run to run
     epochs, per_replica, base_lr = settings(config, task)
     model_dir, checkpoint_dir = folders(config, run_dir)
-    found = look(checkpoint_dir)
+    found = look(checkpoint_dir, claims=True)
     if start_agreed(tf, strategy, checkpoint_dir, info.num_workers):
         return nothing_left(writer, task_id, epochs)
     claim(checkpoint_dir, start_point(found, epochs, config.resume_run), info.is_chief)
