@@ -334,6 +334,58 @@ def test_setsid_children_are_gone_after_down(cli, tmp_path):
     assert not [p for p in pids if alive(p)], "a setsid child outlived down"
 
 
+DAEMONS = """
+import os, sys, time
+folder, attempt = os.environ["MGPU_RUN_DIR"], os.environ["MGPU_ATTEMPT"]
+
+
+def daemon(name, clean):  # the classic way: fork, setsid, fork; its parent ends at once, so it is nobody's child
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(folder, f"{name}-{attempt}.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            if clean:  # an environment that says nothing of the run
+                os.execve("/bin/sleep", ["sleep", "600"], {})
+            time.sleep(600)  # a data server forked without an exec: its environment is its parent's start-up one
+        os._exit(0)
+    os.wait()
+
+
+daemon("server", clean=False)
+daemon("clean", clean=True)
+while attempt == "0" and not os.path.exists(os.path.join(folder, "go")):  # the test's word: a standby is ready
+    time.sleep(0.1)
+sys.exit(1 if attempt == "0" else 0)
+"""
+
+
+def test_daemons_of_a_cold_and_a_forked_attempt_are_gone_when_the_run_ends(cli, tmp_path):
+    """Issue 54, class 2: each attempt double-forks two daemons, one whose environment is gone (exec'd with an
+    empty one) and one forked without an exec (a forked attempt's: its fork server's start-up environment).
+    Attempt 0 starts cold and fails, attempt 1 is forked from its standby's server and succeeds: all four daemons
+    are gone when `up` returns, each attempt's told in its log."""
+    from test_standby import standbys
+
+    (tmp_path / "daemons.py").write_text(DAEMONS)
+    spec = write_spec(tmp_path, f'command = {json.dumps([sys.executable, "daemons.py"])}', n=1,
+                      launch="max_restarts = 1", extra=f'workdir = "{tmp_path}"\n')
+    with cli.running("up", spec) as up:
+        wait_for(lambda: up.poll() is not None or standbys(cli, tasks=1), 240, "a ready standby")
+        folder = tmp_path / latest_state(cli)["tasks"][0]["run_dir"]
+        (folder / "go").write_text("")
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    st = latest_state(cli)
+    assert st["restarts"] == 1 and st["tasks"][0]["warm"], st["tasks"]  # attempt 1 forked
+    pids = {name: int((folder / name).read_text()) for name in ("server-0.pid", "clean-0.pid", "server-1.pid",
+                                                                 "clean-1.pid")}
+    time.sleep(0.5)
+    assert not {name: pid for name, pid in pids.items() if alive(pid)}, (pids, out)
+    log = (folder / "worker.log").read_text()
+    assert log.count("process(es) the task left behind") == 2, log
+
+
 def test_a_recycled_pid_is_never_signalled(tmp_path):
     """A task folder naming a live process that is not the one it started (other create time)."""
     from worker.task.probe import stop

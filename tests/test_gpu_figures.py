@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -170,19 +171,29 @@ def test_a_reading_is_bounded_and_in_range_and_says_what_it_left_out(tmp_path, m
     assert GpuFigures.parse({"index": 0, "util": 5, "memory_used": 3, "memory_total": 2}) is None
 
 
-def test_a_hung_nvidia_smi_behind_a_wrapper_is_stopped_whole_at_its_timeout(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hang", ["sleep", "setsid sleep"])
+def test_a_hung_nvidia_smi_behind_a_wrapper_is_stopped_whole_at_its_timeout(tmp_path, monkeypatch, hang):
+    """A wrapper script's hung child, in the wrapper's session or one of its own (setsid), is gone after the
+    reader's timeout: nothing of a reader outlives it."""
     import psutil
 
     from worker.host.devices import read_gpus
 
     marker = "617.25"  # the hung child's own argument: no other process has it
-    monkeypatch.setenv("PATH", f"{hostile(tmp_path / 'bin', f'sleep {marker}; echo 0, 1, 2, 3')}:{os.environ['PATH']}")
-    assert read_gpus(timeout=1).figures is None
-
+    monkeypatch.setenv("PATH", f"{hostile(tmp_path / 'bin', f'{hang} {marker}; echo 0, 1, 2, 3')}:{os.environ['PATH']}")
     def left() -> list:
         return [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
 
-    assert wait_for(lambda: not left(), 10, "the wrapper's hung child gone"), left()
+    read = []
+    reader = threading.Thread(target=lambda: read.append(read_gpus(timeout=1)), daemon=True)
+    reader.start()
+    reader.join(60)  # a child holding the reader's pipe kept it reading until the child ended (617 s)
+    try:
+        assert read and read[0].figures is None, "the reader still waits for the hung child's output"
+        assert wait_for(lambda: not left(), 10, "the wrapper's hung child gone"), left()
+    finally:
+        for proc in left():
+            proc.kill()
 
 
 def test_a_hostile_nvidia_smi_never_fails_the_task_and_is_said_once(cli, tmp_path):

@@ -74,7 +74,7 @@ _WHOLE_MAX = 12  # digits of a figure: longer is no figure nvidia-smi gives
 def _smi(query: str, timeout: float) -> tuple[int, str] | None:
     """nvidia-smi's exit code and the start of what it printed (SMI_MAX_BYTES at most: then 0); None where it is missing,
     cannot be run or is still running after `timeout`. It runs in a session of its own, killed whole (a wrapper
-    script's children too) once read, timed out or when we die."""
+    script's children too, those that left its session as well) once read, timed out or when we die."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
@@ -86,6 +86,13 @@ def _smi(query: str, timeout: float) -> tuple[int, str] | None:
     late = threading.Event()
 
     def kill() -> None:
+        import psutil  # where a reader is killed
+
+        from worker.host.procs import tree
+
+        for child in tree(proc.pid):  # a wrapper's child that left its session too
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import psutil
 
 from worker.host import env as names
-
 
 
 def identity(pid: int) -> tuple[int, float] | None:
@@ -35,6 +34,29 @@ def same(pid: int | None, create_time: float | None) -> psutil.Process | None:
         return None if proc.status() == psutil.STATUS_ZOMBIE else proc
     except (psutil.Error, ValueError, TypeError, OverflowError):  # task.json: where the training can write
         return None
+
+
+def tree(root: int, without: Collection[int] = ()) -> list[psutil.Process]:
+    """The live descendants of process `root`: its children, theirs, and the orphans it adopted as a subreaper
+    (system.adopt_orphans), leaving out the processes `without` and all under them."""
+    try:
+        children = psutil.Process(root).children()
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            if child.pid in without or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        found += [child, *tree(child.pid, without)]
+    return found
+
+
+def left_behind(left: Sequence[psutil.Process]) -> str:
+    """What the sweep of a task's leftovers says, in its log and among its output."""
+    return f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}"
 
 
 def of_task(run_id: str, index: int | str, exclude: int | None = None, attempt: int | None = None) -> list[psutil.Process]:

@@ -91,6 +91,18 @@ def child_setup(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Cal
     return child if prctl is not None or cpus else None
 
 
+def adopt_orphans() -> bool:
+    """This process adopts every orphan of its descendants (a child subreaper, Linux): a daemon its task starts
+    the classic way (fork, setsid, fork) stays its descendant, found again whatever its environment says, where
+    it would be init's; whether the kernel agreed."""
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
 def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of a psutil.Process and all its descendants, in bytes."""
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])

@@ -24,7 +24,7 @@ from worker.host.devices import GpuMeter
 from worker.host import env, layout
 from worker.host.entries import GRACE_S
 from worker.host.spawn import OWN_GROUP, stop_group
-from worker.host.system import Meter, child_setup, port_holder
+from worker.host.system import Meter, adopt_orphans, child_setup, port_holder
 from worker.task.channel import Channel
 from worker.task.folder import TaskFolder
 from worker.task.lines import NOTE, Lines
@@ -110,6 +110,7 @@ class TaskCore:
 
     def run(self) -> int:
         s = self.setup
+        adopt_orphans()  # what the task starts stays under this core, setsid or not (leftovers())
         if s.standby and not self.warm_start.hold():
             self.warm_start.release_server()
             return 0  # stopped before its start: nothing of it is left, and nothing to report
@@ -163,9 +164,9 @@ class TaskCore:
         self.folder.write(layout.EXIT_CODE, f"{code}\n")  # before any send: a send may block (a cut-off link)
         pump.join(timeout=2.0)
         self.relay.send_progress()  # the last word of a finished run
-        left = procs.of_task(self.run_id, self.index, attempt=s.attempt) if self.run_id else []
+        left = self.leftovers()
         if left:  # the program exited but left processes behind (setsid, daemons): they go too
-            self.note(f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}")
+            self.note(procs.left_behind(left))
             procs.stop(left, s.grace)
         return self.finish(code)
 
@@ -248,5 +249,17 @@ class TaskCore:
     def stop_task(self, grace: float) -> None:
         _import_rest()  # a stop may come from another thread as the task starts
         stop_group(self.child, grace)
+        procs.stop(self.leftovers(), 0)
+
+    def leftovers(self) -> list[Any]:  # psutil.Process: imported once the task runs
+        """The attempt's processes other than its program, whoever started them and wherever they went (setsid):
+        this core's descendants (it adopts their orphans), its fork server's aside (that one serves the next
+        attempt); those under a forked program's reaper (which adopts the program's); any whose environment says
+        it is this attempt's."""
+        server = self.warm_start.server_pid
+        found = procs.tree(os.getpid(), without={server} if server else ())
+        if isinstance(self.proc, Forked) and self.proc.reaper:
+            found += procs.tree(self.proc.reaper)
         if self.run_id:
-            procs.stop(procs.of_task(self.run_id, self.index, attempt=self.setup.attempt), 0)
+            found += procs.of_task(self.run_id, self.index, attempt=self.setup.attempt)
+        return list({p.pid: p for p in found if p.pid != self.child.pid}.values())

@@ -11,6 +11,7 @@ output on the core's pipe. A server that dies takes no attempt with it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -28,7 +29,7 @@ from typing import cast
 
 from worker.host import env
 from worker.host.modules import remembered
-from worker.host.system import child_setup
+from worker.host.system import adopt_orphans, child_setup
 from worker.task.program import Program, run_and_exit
 from worker.task.lines import NOTE
 
@@ -36,6 +37,8 @@ READY = b"ready\n"
 START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
 REQUEST_MAX = 1 << 20
 CLIENTS_MAX = 200  # cores of one task connected while its server imports (its attempt's and a standby's): a few
+GRACE_MAX_S = 7 * 86400.0  # the spec's stop_grace at most
+REAP_EVERY_S = 1.0  # a reaper collects the orphans it adopted that have ended (no zombie piles up) this often
 GONE_S = 2.0  # a server killed by its doorman has ended within this, but on a host out of memory
 
 
@@ -57,27 +60,31 @@ def peer(sock: socket.socket) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Request:
-    """An attempt to fork: what it runs, with what environment, where, on which cores, and the signal its trainer
-    gets when its core dies."""
+    """An attempt to fork: what it runs, with what environment, where, on which cores, the signal its trainer
+    gets when its core dies, and the grace of what the trainer leaves behind (TERM, KILL after it)."""
 
     program: Program
     env: dict[str, str]
     cwd: str
     cpus: tuple[int, ...] | None
     parent_death: int
+    grace: float
 
     def encode(self) -> bytes:
         return json.dumps({"program": self.program.encode(), "env": self.env, "cwd": self.cwd,
-                           "cpus": list(self.cpus) if self.cpus else None, "parent_death": self.parent_death}).encode()
+                           "cpus": list(self.cpus) if self.cpus else None, "parent_death": self.parent_death,
+                           "grace": self.grace}).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Request":
         data = json.loads(raw)
-        env, cpus = data["env"], data["cpus"]
+        env, cpus, grace = data["env"], data["cpus"], float(data["grace"])
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("not an environment")
+        if not 0 <= grace <= GRACE_MAX_S:
+            raise ValueError(f"a grace of {grace} s")
         return cls(Program.decode(data["program"]), env, str(data["cwd"]),
-                   tuple(int(c) for c in cpus) if cpus else None, int(data["parent_death"]))
+                   tuple(int(c) for c in cpus) if cpus else None, int(data["parent_death"]), grace)
 
 
 # ---- priority: a server started while its task trains imports on the CPU time the training leaves
@@ -177,28 +184,34 @@ def _remembered() -> None:
 
 # ---- an attempt
 def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> None:
-    """In the reaper (forked from the server): fork the trainer, tell its pid, wait for it, tell its exit status.
-    Its core gone (its end of `link` closed), the trainer gets its parent-death signal, as a cold one would."""
+    """In the reaper (forked from the server): fork the trainer, tell its pid and ours, wait for it, stop what it
+    left behind, tell its exit status. The reaper adopts the trainer's orphans (a daemon it double-forked), so the
+    attempt's processes are its descendants, whatever their environment says (it is the server's, in a process
+    forked without an exec). Its core gone (its end of `link` closed), the trainer gets its parent-death signal, as
+    a cold one would, and what it left is killed at once."""
     os.setpgid(0, 0)  # the trainer's group is stopped alone: its reaper still tells its end
+    adopt_orphans()
     trainer = os.fork()
     if trainer == 0:
         link.close()
         _trainer(request, out, idled)
-    os.close(out)
     try:
         os.setpgid(trainer, trainer)
     except OSError:
         pass  # it set it itself
     try:
-        link.sendall(f"pid {trainer}\n".encode())
+        link.sendall(f"pid {trainer} {os.getpid()}\n".encode())
     except OSError:
         pass
-    pidfd = os.pidfd_open(trainer)
+    pidfd, grace = os.pidfd_open(trainer), request.grace
     while True:
         watched: list[socket.socket | int] = [link, pidfd]
-        ready = select.select(watched, [], [])[0]
+        ready = select.select(watched, [], [], REAP_EVERY_S)[0]
         if pidfd in ready:
             break
+        if link not in ready:
+            _collect(trainer)
+            continue
         try:
             said = link.recv(64)
         except OSError:
@@ -209,12 +222,41 @@ def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> No
             except OSError:
                 pass
             select.select([pidfd], [], [])
+            grace = 0.0
             break
     _pid, status = os.waitpid(trainer, 0)
+    _stop_left(out, grace)
+    os.close(out)
     try:
         link.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
     except OSError:
         pass
+
+
+def _collect(trainer: int) -> None:
+    """The adopted orphans that have ended, collected (the trainer's own end is left for its reaper to wait)."""
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if ended is None or ended.si_pid == trainer:
+            return
+        try:
+            os.waitpid(ended.si_pid, 0)
+        except ChildProcessError:
+            return
+
+
+def _stop_left(out: int, grace: float) -> None:
+    """What the attempt left here (adopted by this reaper: daemons, a data server), told in its output and stopped."""
+    from worker.host import procs  # psutil: only where an attempt ends
+
+    left = procs.tree(os.getpid())
+    if left:
+        with contextlib.suppress(OSError):
+            os.write(out, f"{NOTE}{procs.left_behind(left)}\n".encode())
+        procs.stop(left, grace)
 
 
 def _trainer(request: Request, out: int, idled: bool) -> None:

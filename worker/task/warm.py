@@ -39,8 +39,9 @@ class Forked:
     """An attempt forked by the server, as the core sees a child it started (what subprocess.Popen offers the
     core: pid, stdout, poll, wait, returncode), its exit status told by its reaper."""
 
-    def __init__(self, pid: int, link: socket.socket, stdout: int):
+    def __init__(self, pid: int, link: socket.socket, stdout: int, reaper: int | None = None):
         self.pid, self.link = pid, link
+        self.reaper = reaper  # its parent, which adopts what it leaves (worker.task.forkserver._attempt)
         self.stdout = open(stdout, "rb", buffering=0)
         self.returncode: int | None = None
         self.said = b""
@@ -178,7 +179,8 @@ class Server:
             os.close(out_r)
             ours.close()
             return None
-        forked = Forked(int(line[4:]), ours, out_r)
+        pids = [int(word) for word in line[4:].split()]
+        forked = Forked(pids[0], ours, out_r, reaper=pids[1] if len(pids) > 1 else None)
         forked.said = rest
         forked._parse()
         return forked

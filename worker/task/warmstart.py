@@ -83,7 +83,8 @@ class WarmStart:
         if self.stopping.is_set():
             return None, False
         forked = server.fork(Request(self.program, self.program_env(), os.getcwd(),
-                                     tuple(self.setup.cpus) if self.setup.cpus else None, self.setup.parent_death))
+                                     tuple(self.setup.cpus) if self.setup.cpus else None, self.setup.parent_death,
+                                     self.setup.grace))
         return forked, warm and forked is not None
 
     def hold(self) -> bool:
@@ -145,6 +146,11 @@ class WarmStart:
     def wake(self) -> None:
         """A stop: a standby looks at once."""
         self.woken.set()
+
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the fork server this core holds (it serves the next attempt: never an attempt's leftover)."""
+        return self.server.pid if self.server is not None else None
 
     def release_server(self) -> None:
         """Let go of the task's fork server: where this core held it last, it has ended before the core tells its
