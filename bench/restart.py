@@ -62,18 +62,8 @@ def standby_memory(run: dict) -> float | None:
     return most
 
 
-def steps_per_s(home: Path, run_id: str) -> float | None:
-    """Global steps per second over the first FIRST_S s after the first step (the launcher's progress history)."""
-    seen = []
-    try:
-        for line in (home / "runs" / run_id / "progress.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("task") == 0 and rec.get("attempt") == 0:
-                p = rec.get("progress") or {}
-                if isinstance(p.get("global_step"), int) and isinstance(p.get("time"), (int, float)):
-                    seen.append((p["time"], p["global_step"]))
-    except (OSError, ValueError):
-        return None
+def steps_per_s(seen: list[tuple[float, int]]) -> float | None:
+    """Global steps per second over the first FIRST_S s after the first step, of attempt 0's records `seen`."""
     moving = [(t, s) for t, s in seen if s > 0]
     if len(moving) < 2:
         return None
@@ -83,9 +73,8 @@ def steps_per_s(home: Path, run_id: str) -> float | None:
     return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
-def pace(home: Path, run_id: str, attempt: int, settle_s: float = 2.0) -> float | None:
-    """Task 0's global steps per second in `attempt`, from `settle_s` after its first record that moved (the pace
-    it trained at, its start-up left out), by the launcher's progress history; None where too little is told."""
+def history(home: Path, run_id: str, attempt: int) -> list[tuple[float, int]]:
+    """Task 0's (time, global step) records in `attempt`, by the launcher's progress history."""
     seen = []
     try:
         for line in (home / "runs" / run_id / "progress.jsonl").read_text().splitlines():
@@ -95,12 +84,23 @@ def pace(home: Path, run_id: str, attempt: int, settle_s: float = 2.0) -> float 
                     and isinstance(p.get("time"), (int, float)):
                 seen.append((p["time"], p["global_step"]))
     except (OSError, ValueError):
-        return None
+        return []
+    return seen
+
+
+def pace(seen: list[tuple[float, int]], settle_s: float = 2.0,
+         steps: tuple[int, int] | None = None) -> tuple[float, tuple[int, int]] | None:
+    """Global steps per second in one attempt's records `seen`, from `settle_s` after its first record that moved
+    (the pace it trained at, its start-up left out), or over the global steps `steps` (first, last) where given;
+    with the steps it covers. None where too little is told."""
     moving = [(t, s) for t, s in seen if s > (seen[0][1] if seen else 0)]
-    kept = [(t, s) for t, s in moving if moving and t - moving[0][0] >= settle_s]
+    if steps is None:
+        kept = [(t, s) for t, s in moving if t - moving[0][0] >= settle_s]
+    else:
+        kept = [(t, s) for t, s in moving if steps[0] <= s <= steps[1]]
     if len(kept) < 2 or kept[-1][0] <= kept[0][0]:
         return None
-    return (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0])
+    return (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0]), (kept[0][1], kept[-1][1])
 
 
 def once(b: Bench, spec: Path, env: dict, kill_epoch: int | None) -> dict:
@@ -146,10 +146,11 @@ def once(b: Bench, spec: Path, env: dict, kill_epoch: int | None) -> dict:
     if kill_epoch and len(attempts) < 2:
         raise RuntimeError(f"the kill -9 made no restart (attempts: {len(attempts)}); see {out.name}")
     first = (attempts[0].get("phases") or {}) if attempts else {}
+    histories = [history(b.home, run.get("run_id", ""), n) for n in range(len(attempts))]
     return {"wall": wall, "cold_start": first.get("spawn_s", 0.0) + first.get("first_step_s", 0.0),
             "killed_at_step": killed_at, "phases": (attempts[-1].get("phases") or {}) if kill_epoch else first,
-            "attempts": len(attempts), "steps_per_s": steps_per_s(b.home, run.get("run_id", "")),
-            "pace": [pace(b.home, run.get("run_id", ""), n) for n in range(len(attempts))],
+            "attempts": len(attempts), "steps_per_s": steps_per_s(histories[0]) if histories else None,
+            "history": histories,
             "memory_gb": max(memory) if memory else None}
 
 
@@ -200,14 +201,23 @@ def measure(b: Bench, where: str, hosts: Callable[[], list[dict]], env: dict, de
                     Stat([a for a, _ in on]), Stat([c for _, c in on]), "steps/s", paired_ratio(*zip(*on)) if on else None,
                     SLOWDOWN_TARGET, f"the same rounds' runs without kill ({len(on)} pair(s)), task 0's global steps "
                     "by the launcher's progress history"))
-    # the pace after a restart (the forked attempt's) against the same run's before the kill
-    paces = [(x["pace"][1], x["pace"][0]) for k in kills for x in killed[k]
-             if len(x["pace"]) == 2 and x["pace"][0] and x["pace"][1]]
-    rows.append(Row(f"{TITLE}, {where}: steps per second after a restart (baseline: the same run before its kill)",
-                    Stat([a for a, _ in paces]) if paces else None, Stat([b_ for _, b_ in paces]) if paces else None,
-                    "steps/s", paired_ratio(*zip(*paces)) if paces else None, SLOWDOWN_TARGET,
-                    f"task 0's global steps per second in each attempt from 2 s after its first step (the "
-                    f"launcher's progress history), {len(paces)} run(s) with a kill"))
+    # the pace after a restart (the forked attempt's) against the same round's run without a kill over the same
+    # global steps: an attempt's own pace changes along a run (its first epochs trace and warm up), so the steps
+    # before the kill are no baseline for those after it
+    paces = []
+    for k in kills:
+        for p, x in zip(plain, killed[k]):
+            after = pace(x["history"][-1]) if len(x["history"]) == 2 and p["history"] else None
+            same = pace(p["history"][0], steps=after[1]) if after else None
+            if after and same:
+                paces.append((after[0], same[0]))
+    rows.append(Row(f"{TITLE}, {where}: steps per second after a restart (baseline: the same steps in the run "
+                    "without a kill)", Stat([a for a, _ in paces]) if paces else None,
+                    Stat([b_ for _, b_ in paces]) if paces else None, "steps/s",
+                    paired_ratio(*zip(*paces)) if paces else None, SLOWDOWN_TARGET,
+                    f"task 0's global steps per second from 2 s after the restarted attempt's first step to the run's "
+                    f"end, and over the same global steps in the same round's run without a kill (the launcher's "
+                    f"progress history), {len(paces)} pair(s)"))
     held = [p["memory_gb"] for p in plain if p["memory_gb"] is not None]
     rows.append(Row(f"{TITLE}, {where}: memory a standby adds per task", Stat(held) if held else None, None, "GB",
                     None, MEMORY_TARGET, "the most seen of any task: its fork server's and its supervisor's private "
