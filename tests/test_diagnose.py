@@ -37,6 +37,11 @@ def test_py_spy_json_parsed_innermost_frame_last():
     assert [f.function for f in st.threads[0].frames] == ["outer", "inner"]
     assert st.innermost(1) == ["inner (a.py:3)"]
     assert 'thread 7 "MainThread" (active):' in st.text()
+    # py-spy may list a thread twice, once without frames (a process stopped as it read it: seen in the suite)
+    twice = json.dumps([{"pid": 7, "thread_name": "MainThread", "os_thread_id": 7, "active": False, "frames": []},
+                        *json.loads(text)])
+    st = parse(twice, 7)
+    assert st.innermost(1) == ["inner (a.py:3)"] and st.text().count('thread 7 "MainThread"') == 1, st.text()
 
 
 def test_stacks_of_a_live_and_of_a_stopped_process():

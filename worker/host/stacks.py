@@ -104,7 +104,9 @@ def parse(text: str, pid: int) -> Stacks:
                         line=int(f.get("line") or 0)) for f in reversed(t.get("frames") or [])]
         threads.append(Thread(name=t.get("thread_name") or "", os_id=int(t.get("os_thread_id") or 0),
                               pid=int(t.get("pid") or pid), active=bool(t.get("active")), frames=frames))
-    return Stacks(pid=pid, threads=threads)
+    # a thread listed twice (py-spy, of a process stopped as it read it: once without frames) is told once
+    framed = {(t.pid, t.os_id) for t in threads if t.frames}
+    return Stacks(pid=pid, threads=[t for t in threads if t.frames or (t.pid, t.os_id) not in framed])
 
 
 def dump(pid: int, timeout: float = TIMEOUT_S, create_time: float | None = None) -> Stacks:
