@@ -386,6 +386,37 @@ def test_daemons_of_a_cold_and_a_forked_attempt_are_gone_when_the_run_ends(cli, 
     assert log.count("process(es) the task left behind") == 2, log
 
 
+ORPHANS = """
+import os, subprocess, time
+for _ in range(20):  # each shell ends at once; its sleep, orphaned, is adopted by the task's core and ends
+    subprocess.run(["sh", "-c", "sleep 0.2 &"])
+time.sleep(1)  # every orphan has ended
+open(os.path.join(os.environ["MGPU_RUN_DIR"], "orphaned"), "w").close()
+time.sleep(600)
+"""
+
+
+def test_orphans_that_end_while_the_task_runs_leave_no_zombie(cli, tmp_path):
+    """The task core adopts its task's orphans (to stop them with it): those that end while the task runs are
+    collected, not left as zombies for the run's length."""
+    spec = write_spec(tmp_path, script(tmp_path, "orphans.py", ORPHANS).replace("python3", sys.executable), n=1)
+    with cli.running("up", spec) as up:
+        st = wait_for(lambda: up.poll() is not None or (lambda s: s if s and s["state"] == "running" and (
+            tmp_path / s["tasks"][0]["run_dir"] / "orphaned").exists() else None)(latest_state(cli)), 120,
+                      "the orphans made")
+        assert up.poll() is None, up.communicate()[0]
+        core = psutil.Process(st["tasks"][0]["pid"]).parent()
+
+        def zombies() -> list:
+            return [c.pid for c in core.children() if c.status() == psutil.STATUS_ZOMBIE]
+
+        try:
+            assert wait_for(lambda: not zombies(), 30, "no zombie under the task's core"), zombies()
+        finally:
+            up.send_signal(signal.SIGINT)
+            up.communicate(timeout=120)
+
+
 def test_a_recycled_pid_is_never_signalled(tmp_path):
     """A task folder naming a live process that is not the one it started (other create time)."""
     from worker.task.probe import stop

@@ -54,6 +54,24 @@ def tree(root: int, without: Collection[int] = ()) -> list[psutil.Process]:
     return found
 
 
+def collect_adopted() -> int:
+    """Collect the ended orphans this process adopted as a subreaper (system.adopt_orphans), so that none stays a
+    zombie while its task runs; how many. Only a child that leads no process group is taken: every child we start
+    ourselves leads its own (spawn.OWN_GROUP, a session of its own), and its status is its Popen's to read."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return 0
+    collected = 0
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and os.getpgid(child.pid) != child.pid:
+                collected += bool(os.waitpid(child.pid, os.WNOHANG)[0])
+        except (psutil.Error, OSError):
+            continue
+    return collected
+
+
 def left_behind(left: Sequence[psutil.Process]) -> str:
     """What the sweep of a task's leftovers says, in its log and among its output."""
     return f"stopping {len(left)} process(es) the task left behind: {[p.pid for p in left]}"

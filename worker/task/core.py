@@ -35,6 +35,7 @@ from worker.task.warmstart import WarmStart
 procs: Any = None  # worker.host.procs and worker.host.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
 BROKEN_GRACE_S = 0.0  # a broken group's stop: a peer failed, so a save with the group cannot land (KILL at once)
+COLLECT_EVERY_S = 5.0  # the ended orphans the core adopted are collected this often (a scan of the host's processes)
 EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.log); its program not found
 
 
@@ -160,7 +161,10 @@ class TaskCore:
         if self.stopping.is_set():  # a stop that came while we were starting
             self.stop_task(self.grace)
         threading.Thread(target=self.relay.watch, args=(self.child, meter, gpus), daemon=True).start()
+        ended = threading.Event()
+        threading.Thread(target=self.collect, args=(ended,), daemon=True).start()
         code = self.proc.wait()
+        ended.set()
         self.folder.write(layout.EXIT_CODE, f"{code}\n")  # before any send: a send may block (a cut-off link)
         pump.join(timeout=2.0)
         self.relay.send_progress()  # the last word of a finished run
@@ -169,6 +173,12 @@ class TaskCore:
             self.note(procs.left_behind(left))
             procs.stop(left, s.grace)
         return self.finish(code)
+
+    @staticmethod
+    def collect(ended: threading.Event) -> None:
+        """The orphans this core adopted that have ended, collected while its task runs (no zombie piles up)."""
+        while not ended.wait(COLLECT_EVERY_S):
+            procs.collect_adopted()
 
     def refuse(self, code: int, reason: str) -> int:
         self.folder.write(layout.EXIT_CODE, f"{code}\n")
