@@ -365,19 +365,12 @@ def test_daemons_of_a_cold_and_a_forked_attempt_are_gone_when_the_run_ends(cli, 
     empty one) and one forked without an exec (a forked attempt's: its fork server's start-up environment).
     Attempt 0 starts cold and fails, attempt 1 is forked from its standby's server and succeeds: all four daemons
     are gone when `up` returns, each attempt's told in its log."""
-    from test_standby import standbys
+    from test_standby import restarted_warm
 
     (tmp_path / "daemons.py").write_text(DAEMONS)
     spec = write_spec(tmp_path, f'command = {json.dumps([sys.executable, "daemons.py"])}', n=1,
                       launch="max_restarts = 1", extra=f'workdir = "{tmp_path}"\n')
-    with cli.running("up", spec) as up:
-        wait_for(lambda: up.poll() is not None or standbys(cli, tasks=1), 240, "a ready standby")
-        folder = tmp_path / latest_state(cli)["tasks"][0]["run_dir"]
-        (folder / "go").write_text("")
-        out, _ = up.communicate(timeout=300)
-    assert up.returncode == 0, out
-    st = latest_state(cli)
-    assert st["restarts"] == 1 and st["tasks"][0]["warm"], st["tasks"]  # attempt 1 forked
+    out, folder = restarted_warm(cli, tmp_path, spec)
     pids = {name: int((folder / name).read_text()) for name in ("server-0.pid", "clean-0.pid", "server-1.pid",
                                                                  "clean-1.pid")}
     time.sleep(0.5)

@@ -7,6 +7,7 @@ run that cannot restart, starts cold."""
 import os
 import signal
 import sys
+from pathlib import Path
 
 import psutil
 
@@ -27,6 +28,21 @@ def standbys(cli, attempt: int = 1, tasks: int = 2) -> dict | None:
                                    for s in found.values()):
         return {i: s["pid"] for i, s in found.items()}
     return None
+
+
+def restarted_warm(cli, tmp_path, spec) -> tuple[str, Path]:
+    """`up SPEC` of one task whose attempt 0 waits for a file `go` in its folder and then fails: `go` is written
+    once the standby for attempt 1 holds a ready fork server, so that attempt 1 is forked. The run's output and
+    the task's folder; the run succeeded with that one restart, forked."""
+    with cli.running("up", spec) as up:
+        wait_for(lambda: up.poll() is not None or standbys(cli, tasks=1), 240, "a ready standby")
+        folder = tmp_path / latest_state(cli)["tasks"][0]["run_dir"]
+        (folder / "go").write_text("")
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    st = latest_state(cli)
+    assert st["restarts"] == 1 and st["tasks"][0]["warm"], st["tasks"]  # attempt 1 forked from its fork server
+    return out, folder
 
 
 def servers(home) -> list[psutil.Process]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from conftest import latest_state, need, wait_for, write_spec
-from test_standby import standbys
+from conftest import need, write_spec
+from test_standby import restarted_warm
 
 X64 = """
 import os, sys, time
@@ -31,14 +31,7 @@ def test_a_setting_made_before_the_import_holds_after_a_warm_restart(cli, tmp_pa
     (tmp_path / "x64.py").write_text(X64)
     command = json.dumps([sys.executable, "x64.py"])
     spec = write_spec(tmp_path, f'backend = "jax"\ncommand = {command}', n=1, launch="max_restarts = 1")
-    with cli.running("up", spec) as up:
-        wait_for(lambda: up.poll() is not None or standbys(cli, tasks=1), 240, "a ready standby")
-        folder = tmp_path / latest_state(cli)["tasks"][0]["run_dir"]
-        (folder / "go").write_text("")
-        out, _ = up.communicate(timeout=300)
-    assert up.returncode == 0, out
-    st = latest_state(cli)
-    assert st["restarts"] == 1 and st["tasks"][0]["warm"], st["tasks"]  # forked from its fork server
+    out, folder = restarted_warm(cli, tmp_path, spec)
     dtypes = [(folder / f"dtype-{n}").read_text() for n in (0, 1)]
     assert dtypes == ["float64", "float64"], (dtypes, out)
     assert "this attempt starts cold: the training set JAX_ENABLE_X64='1' after its fork server had imported jax" \

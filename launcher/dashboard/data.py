@@ -95,7 +95,8 @@ def status(run_id: str) -> Status:
     return {**snap, "unrecorded": seen.unrecorded, "refused": refused(run),
             "spec": run.spec_path, "created_at": run.created_at, "ended_at": run.ended_at,
             "start_said": run.start.words() if run.start else None,  # as `up` told it
-            "final": snap["group"] if run.ended and snap["group"] and snap["group"]["epoch"] else None, "spec_text": spec_text(run.run_id)}
+            "final": snap["group"] if run.ended and snap["group"] and snap["group"]["epoch"] else None,
+            "spec_text": spec_text(run.run_id)}
 
 
 def spec_text(run_id: str) -> str | None:

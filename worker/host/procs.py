@@ -54,10 +54,13 @@ def tree(root: int, without: Collection[int] = ()) -> list[psutil.Process]:
     return found
 
 
+COLLECT_EVERY_S = 5.0  # a subreaper collects its ended orphans this often (a scan of the host's processes)
+
+
 def collect_adopted() -> int:
     """Collect the ended orphans this process adopted as a subreaper (system.adopt_orphans), so that none stays a
     zombie while its task runs; how many. Only a child that leads no process group is taken: every child we start
-    ourselves leads its own (spawn.OWN_GROUP, a session of its own), and its status is its Popen's to read."""
+    ourselves leads its own (spawn.OWN_GROUP, a session of its own, a forked trainer), its status its waiter's."""
     try:
         children = psutil.Process().children()
     except psutil.Error:

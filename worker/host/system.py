@@ -67,17 +67,22 @@ def port_holder(port: int) -> str | None:
     return f"pid {found['pid']} ({found['name'] or '?'}: {(found['cmdline'] or '')[:200]})"
 
 
+def _prctl() -> Callable[..., Any] | None:
+    """libc's prctl (Linux), or None."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def child_setup(sig: int = signal.SIGTERM, cpus: list[int] | None = None) -> Callable[[], None] | None:
     """A preexec_fn for a program the core starts: `sig` when its parent (the core) dies (Linux), and pinned to
     `cpus` before its exec, so that no thread of it ever runs elsewhere (a pin the child cannot take is left to
     the parent's own `sched_setaffinity`, which says why); None where there is nothing to set. libc is looked up
     here, not in the child."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
+    prctl = _prctl()
 
     def child() -> None:
         if prctl is not None:
@@ -95,12 +100,8 @@ def adopt_orphans() -> bool:
     """This process adopts every orphan of its descendants (a child subreaper, Linux): a daemon its task starts
     the classic way (fork, setsid, fork) stays its descendant, found again whatever its environment says, where
     it would be init's; whether the kernel agreed."""
-    try:
-        import ctypes
-
-        return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        return False
+    prctl = _prctl()
+    return prctl is not None and int(prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
 
 
 def tree_rss(proc: psutil.Process) -> int:

@@ -35,7 +35,6 @@ from worker.task.warmstart import WarmStart
 procs: Any = None  # worker.host.procs and worker.host.protocol: imported once the task runs (~30 ms)
 protocol: Any = None
 BROKEN_GRACE_S = 0.0  # a broken group's stop: a peer failed, so a save with the group cannot land (KILL at once)
-COLLECT_EVERY_S = 5.0  # the ended orphans the core adopted are collected this often (a scan of the host's processes)
 EXIT_SETUP, EXIT_NOT_FOUND = 2, 127  # the task could not be set up (see worker.log); its program not found
 
 
@@ -177,7 +176,7 @@ class TaskCore:
     @staticmethod
     def collect(ended: threading.Event) -> None:
         """The orphans this core adopted that have ended, collected while its task runs (no zombie piles up)."""
-        while not ended.wait(COLLECT_EVERY_S):
+        while not ended.wait(procs.COLLECT_EVERY_S):
             procs.collect_adopted()
 
     def refuse(self, code: int, reason: str) -> int:

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import importlib
 import json
+import math
 import os
 import resource
 import select
@@ -37,8 +38,6 @@ READY = b"ready\n"
 START_WAIT_S = 10.0  # with no core connected this long after its imports, it is not needed
 REQUEST_MAX = 1 << 20
 CLIENTS_MAX = 200  # cores of one task connected while its server imports (its attempt's and a standby's): a few
-GRACE_MAX_S = 7 * 86400.0  # the spec's stop_grace at most
-REAP_EVERY_S = 1.0  # a reaper collects the orphans it adopted that have ended (no zombie piles up) this often
 GONE_S = 2.0  # a server killed by its doorman has ended within this, but on a host out of memory
 
 
@@ -81,7 +80,7 @@ class Request:
         env, cpus, grace = data["env"], data["cpus"], float(data["grace"])
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("not an environment")
-        if not 0 <= grace <= GRACE_MAX_S:
+        if not (math.isfinite(grace) and grace >= 0):
             raise ValueError(f"a grace of {grace} s")
         return cls(Program.decode(data["program"]), env, str(data["cwd"]),
                    tuple(int(c) for c in cpus) if cpus else None, int(data["parent_death"]), grace)
@@ -203,14 +202,16 @@ def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> No
         link.sendall(f"pid {trainer} {os.getpid()}\n".encode())
     except OSError:
         pass
+    from worker.host import procs  # psutil: in the reaper, not in the server every core connects to
+
     pidfd, grace = os.pidfd_open(trainer), request.grace
     while True:
         watched: list[socket.socket | int] = [link, pidfd]
-        ready = select.select(watched, [], [], REAP_EVERY_S)[0]
+        ready = select.select(watched, [], [], procs.COLLECT_EVERY_S)[0]
         if pidfd in ready:
             break
         if link not in ready:
-            _collect(trainer)
+            procs.collect_adopted()  # the trainer leads its group: its end is left for the waitpid below
             continue
         try:
             said = link.recv(64)
@@ -233,24 +234,9 @@ def _attempt(request: Request, out: int, link: socket.socket, idled: bool) -> No
         pass
 
 
-def _collect(trainer: int) -> None:
-    """The adopted orphans that have ended, collected (the trainer's own end is left for its reaper to wait)."""
-    while True:
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None or ended.si_pid == trainer:
-            return
-        try:
-            os.waitpid(ended.si_pid, 0)
-        except ChildProcessError:
-            return
-
-
 def _stop_left(out: int, grace: float) -> None:
     """What the attempt left here (adopted by this reaper: daemons, a data server), told in its output and stopped."""
-    from worker.host import procs  # psutil: only where an attempt ends
+    from worker.host import procs
 
     left = procs.tree(os.getpid())
     if left:
