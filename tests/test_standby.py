@@ -6,12 +6,13 @@ run that cannot restart, starts cold."""
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 
-from conftest import alive, latest_state, status_json, wait_for, wait_gone, write_spec
+from conftest import REPO, alive, latest_state, status_json, wait_for, wait_gone, write_spec
 from test_preempt import HOOKS, assert_equal_weights, run_dir
 
 SERVER = "worker.task.forkserver"
@@ -82,6 +83,76 @@ def test_a_crash_early_restarts_warm_at_the_saved_step_with_equal_weights(cli, t
         assert p["global_step"] == 2 * EPOCH_STEPS and p["first_global_step"] in (5, 10, 15), p  # resumed at a save
     assert_equal_weights(tmp_path)
     assert not wait_gone(cli.home, 10)
+
+
+LATE = """
+import os, sys, time
+from dataclasses import replace
+from worker.examples.digits import task as digits
+
+
+def task():
+    folder = os.environ["MGPU_RUN_DIR"]
+    with open(os.path.join(folder, "sklearn-at-start-" + os.environ["MGPU_ATTEMPT"]), "w") as f:
+        f.write(str("sklearn" in sys.modules))  # digits imports it in its task(), late, as a data loader does
+    import tf_keras
+
+    class Hold(tf_keras.callbacks.Callback):  # attempt 0 stops at its third step until the test kills it
+        def on_train_batch_end(self, batch, logs=None):
+            while os.environ["MGPU_ATTEMPT"] == "0" and batch >= 2:
+                time.sleep(0.1)
+
+    return replace(digits(), callbacks=lambda: [Hold()])
+"""
+
+
+def maps(pid: int, needle: str) -> bool:
+    try:
+        return needle in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_what_an_attempt_imports_late_its_server_imports_while_it_trains(cli, tmp_path):
+    """The modules the attempt imported late (scikit-learn, by digits' task()) are imported by its task's fork
+    server while the attempt still trains, not when the next standby connects (that comes with a restart, whose
+    attempt would train beside those imports without having them): the restarted attempt starts with them."""
+    (tmp_path / "late.py").write_text(LATE)
+    spec = write_spec(tmp_path, 'entrypoint = "late:task"\nepochs = 1', n=1, launch="max_restarts = 1",
+                      extra=f'workdir = "{tmp_path}"\n')
+    with cli.running("up", spec) as up:
+        held = wait_for(lambda: up.poll() is not None or standbys(cli, tasks=1), 240, "a ready standby")
+        assert held is not True, up.communicate()[0]
+        wait_for(lambda: maps(held[0], "/sklearn/"), 120, "scikit-learn in the fork server, attempt 0 training")
+        st = latest_state(cli)
+        assert st["attempt"] == 0 and alive(st["tasks"][0]["pid"]), st
+        os.kill(st["tasks"][0]["pid"], signal.SIGKILL)
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    st = latest_state(cli)
+    assert st["restarts"] == 1 and st["tasks"][0]["warm"], st["tasks"]
+    folder = tmp_path / st["tasks"][0]["run_dir"]
+    assert [(folder / f"sklearn-at-start-{i}").read_text() for i in (0, 1)] == ["False", "True"]
+    assert not wait_gone(cli.home, 10)
+
+
+PROBE = "import os, sys\nsys.modules['worker_probe_policy'].seen = os.sched_getscheduler(0)\n"
+
+
+def test_a_server_imports_what_its_attempt_imported_at_the_idle_priority(tmp_path):
+    """A server's late imports run beside a training, at the idle priority, and it is back at the normal one
+    after them (the next attempt is forked from it); one started at the idle priority stays there."""
+    (tmp_path / "worker_probe_policy.py").write_text(PROBE)
+    (tmp_path / "modules.txt").write_text("worker_probe_policy\n")
+    code = ("import os, sys\nfrom worker.task import forkserver\n"
+            "if sys.argv[1] == 'idle':\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "forkserver._remembered(beside_training=True)\n"
+            "print(sys.modules['worker_probe_policy'].seen, os.sched_getscheduler(0))\n")
+    environ = {**os.environ, "MGPU_RUN_DIR": str(tmp_path), "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    for start, seen in (("normal", f"{os.SCHED_IDLE} {os.SCHED_OTHER}"), ("idle", f"{os.SCHED_IDLE} {os.SCHED_IDLE}")):
+        r = subprocess.run([sys.executable, "-c", code, start], env=environ, capture_output=True, text=True,
+                           timeout=60)
+        assert r.stdout.split() == seen.split(), r.stdout + r.stderr
 
 
 SCRIPT = """

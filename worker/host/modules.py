@@ -53,10 +53,15 @@ def _roots() -> tuple[str, ...]:
                   if paths.get(key)})
 
 
+def modules_file() -> str:
+    """Where this task's training writes the list (its folder, by the environment)."""
+    return os.path.join(os.environ.get(env.RUN_DIR, ""), layout.MODULES)
+
+
 def remembered() -> list[str]:
     """The modules the task's last attempt imported (a file the training wrote: untrusted, bounded, checked)."""
     try:
-        with open(os.path.join(os.environ.get(env.RUN_DIR, ""), layout.MODULES), "rb") as f:
+        with open(modules_file(), "rb") as f:
             raw = f.read(MODULES_MAX * 64)
     except OSError:
         return []

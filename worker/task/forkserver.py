@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from worker.host import env
-from worker.host.modules import remembered
+from worker.host.modules import modules_file, remembered
 from worker.host.system import adopt_orphans, child_setup
 from worker.task.program import Program, run_and_exit
 from worker.task.lines import NOTE
@@ -171,14 +171,42 @@ def _imports(ours: str | None) -> None:
     _remembered()
 
 
-def _remembered() -> None:
-    """The installed modules the task's last attempt imported late (a data loader's): never a user's own."""
-    for module in remembered():
-        try:
-            importlib.import_module(module)
-        except BaseException:  # noqa: BLE001 (one that fails here is imported, or not, as the program does)
-            continue
+def _remembered(beside_training: bool = False) -> None:
+    """The installed modules the task's last attempt imported late (a data loader's): never a user's own.
+    `beside_training`: an attempt may be training on these cores (the list is written at its first step, and a
+    standby's core connects while it trains), so they are imported at the idle priority, on the CPU time the training
+    leaves; a core that waits for this server hurries it (warm.Server.hurry)."""
+    modules = remembered()
+    calm = beside_training and bool(modules) and _idle_thread()
+    try:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except BaseException:  # noqa: BLE001 (one that fails here is imported, or not, as the program does)
+                continue
+    finally:
+        if calm:
+            _normal_thread()
     gc.freeze()  # what is imported stays out of every collection: a fork's pages stay shared with the server's
+
+
+def _idle_thread() -> bool:
+    """This thread at the idle priority, where it is at the normal one (a server started --idle stays as it is):
+    whether it was changed. Its autogroup is left alone: a forked attempt trains in the server's session."""
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            return False
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError, ValueError):
+        return False
+    return True
+
+
+def _normal_thread() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
 
 
 # ---- an attempt
@@ -404,6 +432,7 @@ class Server:
         self.selector.register(listener, selectors.EVENT_READ)
         self.clients: set[socket.socket] = set()
         self.ever = bool(clients)  # handed over by the doorman: they came while it imported
+        self.modules_seen: tuple[int, int] | None = None  # (mtime, size) of the modules list last imported
         for conn in clients:
             self.ready(conn)
 
@@ -419,9 +448,24 @@ class Server:
                 else:
                     self.heard(cast(socket.socket, key.fileobj))  # what ready() registered: a client
             self.reap()
+            self.learn()
+
+    def learn(self) -> None:
+        """The modules list, imported once its attempt has written it anew (at its first step), not at the next
+        core's connection: that one comes with a restart, whose attempt would train beside these imports and,
+        forked before them, not have them."""
+        try:
+            seen = os.stat(modules_file())
+            mark: tuple[int, int] | None = (seen.st_mtime_ns, seen.st_size)
+        except OSError:
+            mark = None
+        if mark != self.modules_seen:
+            self.modules_seen = mark
+            if mark is not None:
+                _remembered(beside_training=True)
 
     def ready(self, conn: socket.socket) -> None:
-        _remembered()
+        _remembered(beside_training=True)
         try:
             conn.sendall(READY)
         except OSError:
