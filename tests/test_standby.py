@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import REPO, alive, latest_state, status_json, wait_for, wait_gone, write_spec
 from test_preempt import HOOKS, assert_equal_weights, run_dir
@@ -136,23 +137,48 @@ def test_what_an_attempt_imports_late_its_server_imports_while_it_trains(cli, tm
     assert not wait_gone(cli.home, 10)
 
 
-PROBE = "import os, sys\nsys.modules['worker_probe_policy'].seen = os.sched_getscheduler(0)\n"
+PROBE = """
+import os, sys, time
+me = sys.modules[__name__]
+me.seen = os.sched_getscheduler(0)
+deadline = time.time() + float(os.environ["HOLD_S"])  # held while at the idle priority, at most this long
+while os.sched_getscheduler(0) == os.SCHED_IDLE and time.time() < deadline:
+    time.sleep(0.01)
+me.left = os.sched_getscheduler(0)
+"""
+SERVER_SIDE = """
+import os, signal, socket, sys, time
+from worker.task import forkserver
+if sys.argv[1] == "idle":
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+ours, theirs = socket.socketpair()
+core = os.fork()
+if core == 0:  # a core connected to the server: it goes after 0.5 s, or stays
+    theirs.close()
+    time.sleep(0.5 if sys.argv[2] == "goes" else 120)
+    os._exit(0)
+ours.close()
+forkserver._remembered(beside=[theirs])
+os.kill(core, signal.SIGKILL)
+probe = sys.modules["worker_probe_policy"]
+print(probe.seen, probe.left, os.sched_getscheduler(0))
+"""
 
 
-def test_a_server_imports_what_its_attempt_imported_at_the_idle_priority(tmp_path):
-    """A server's late imports run beside a training, at the idle priority, and it is back at the normal one
-    after them (the next attempt is forked from it); one started at the idle priority stays there."""
+@pytest.mark.parametrize("start, core, hold, seen", [
+    ("normal", "stays", "1", "IDLE IDLE OTHER"),  # imported at the idle priority, the server normal after them
+    ("idle", "stays", "1", "IDLE IDLE IDLE"),  # a server started --idle stays there
+    ("normal", "goes", "60", "IDLE OTHER OTHER"),  # a core that goes meanwhile is heard at once: hurried
+    ("idle", "goes", "60", "IDLE OTHER OTHER"),
+])
+def test_a_servers_late_imports_run_at_the_idle_priority_until_a_core_needs_it(tmp_path, start, core, hold, seen):
     (tmp_path / "worker_probe_policy.py").write_text(PROBE)
     (tmp_path / "modules.txt").write_text("worker_probe_policy\n")
-    code = ("import os, sys\nfrom worker.task import forkserver\n"
-            "if sys.argv[1] == 'idle':\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-            "forkserver._remembered(beside_training=True)\n"
-            "print(sys.modules['worker_probe_policy'].seen, os.sched_getscheduler(0))\n")
-    environ = {**os.environ, "MGPU_RUN_DIR": str(tmp_path), "PYTHONPATH": f"{tmp_path}:{REPO}"}
-    for start, seen in (("normal", f"{os.SCHED_IDLE} {os.SCHED_OTHER}"), ("idle", f"{os.SCHED_IDLE} {os.SCHED_IDLE}")):
-        r = subprocess.run([sys.executable, "-c", code, start], env=environ, capture_output=True, text=True,
-                           timeout=60)
-        assert r.stdout.split() == seen.split(), r.stdout + r.stderr
+    environ = {**os.environ, "MGPU_RUN_DIR": str(tmp_path), "PYTHONPATH": f"{tmp_path}:{REPO}", "HOLD_S": hold}
+    r = subprocess.run([sys.executable, "-c", SERVER_SIDE, start, core], env=environ, capture_output=True, text=True,
+                       timeout=120)
+    names = {os.SCHED_IDLE: "IDLE", os.SCHED_OTHER: "OTHER"}
+    assert [names.get(int(v), v) for v in r.stdout.split()] == seen.split(), r.stdout + r.stderr
 
 
 SCRIPT = """

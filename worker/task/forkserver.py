@@ -109,11 +109,7 @@ def idle() -> bool:
     """Import at the idle priority where the trainer forked later can take the normal one back (root, or an
     RLIMIT_NICE that allows it); in a session of its own its autogroup niced too, as the kernel shares the CPU
     between sessions first."""
-    try:
-        if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
-            return False
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError, ValueError):
+    if not _idle_thread():
         return False
     if _own_session():
         _autogroup(19)
@@ -171,13 +167,14 @@ def _imports(ours: str | None) -> None:
     _remembered()
 
 
-def _remembered(beside_training: bool = False) -> None:
+def _remembered(beside: list[socket.socket] | None = None) -> None:
     """The installed modules the task's last attempt imported late (a data loader's): never a user's own.
-    `beside_training`: an attempt may be training on these cores (the list is written at its first step, and a
-    standby's core connects while it trains), so they are imported at the idle priority, on the CPU time the training
-    leaves; a core that waits for this server hurries it (warm.Server.hurry)."""
+    `beside`: an attempt may be training on these cores (the list is written at its first step, and a standby's
+    core connects while it trains), so they are imported at the idle priority, on the CPU time the training
+    leaves, with a sentinel that hurries the server as soon as one of the cores `beside` speaks or goes."""
     modules = remembered()
-    calm = beside_training and bool(modules) and _idle_thread()
+    calm = beside is not None and bool(modules) and _idle_thread()  # a server started --idle is there already
+    watch = _sentinel(beside) if beside is not None and modules else None  # after: its hurry stays
     try:
         for module in modules:
             try:
@@ -187,14 +184,46 @@ def _remembered(beside_training: bool = False) -> None:
     finally:
         if calm:
             _normal_thread()
+        if watch is not None:
+            os.close(watch[0])
+            os.waitpid(watch[1], 0)
     gc.freeze()  # what is imported stays out of every collection: a fork's pages stay shared with the server's
 
 
-def _idle_thread() -> bool:
-    """This thread at the idle priority, where it is at the normal one (a server started --idle stays as it is):
-    whether it was changed. Its autogroup is left alone: a forked attempt trains in the server's session."""
+def _sentinel(clients: list[socket.socket]) -> tuple[int, int] | None:
+    """A process that, at the normal priority, hurries this server (hurry) once a core asks for a fork or goes
+    while the server imports at the idle priority, so that neither a core's request nor its end (waited for, or
+    a killed core's) waits on the CPU time a training leaves. It ends when the imports do or the server does (the
+    pipe's end it watches closed). Returns that pipe's other end and its pid; None where it cannot be forked."""
     try:
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        done, tell = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            os.close(tell)
+            _normal_thread()  # as the server does for it, whichever of them runs first
+            server = os.getppid()
+            if select.select([done, *(c.fileno() for c in clients)], [], [])[0] != [done]:
+                hurry(server)
+        finally:
+            os._exit(0)
+    os.close(done)
+    try:  # from here, not in the child: one forked at the idle priority may never run on a busy host
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
+    return tell, pid
+
+
+def _idle_thread() -> bool:
+    """This thread at the idle priority, where it is at the normal one and may take it back (root, or an RLIMIT_NICE
+    that allows it): whether it was changed. Its autogroup is left alone (idle() nices it where the server has a
+    session of its own; a forked attempt trains in the server's session)."""
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER or \
+                os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
             return False
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError, ValueError):
@@ -462,10 +491,10 @@ class Server:
         if mark != self.modules_seen:
             self.modules_seen = mark
             if mark is not None:
-                _remembered(beside_training=True)
+                _remembered(beside=list(self.clients))
 
     def ready(self, conn: socket.socket) -> None:
-        _remembered(beside_training=True)
+        _remembered(beside=[*self.clients, conn])
         try:
             conn.sendall(READY)
         except OSError:
