@@ -140,45 +140,73 @@ def test_what_an_attempt_imports_late_its_server_imports_while_it_trains(cli, tm
 PROBE = """
 import os, sys, time
 me = sys.modules[__name__]
+folder = os.environ["MGPU_RUN_DIR"]
 me.seen = os.sched_getscheduler(0)
-deadline = time.time() + float(os.environ["HOLD_S"])  # held while at the idle priority, at most this long
-while os.sched_getscheduler(0) == os.SCHED_IDLE and time.time() < deadline:
+open(os.path.join(folder, "importing"), "w").close()
+deadline = time.time() + float(os.environ["HOLD_S"])  # held at the idle priority until a core heard its end
+while os.sched_getscheduler(0) == os.SCHED_IDLE and not os.path.exists(os.path.join(folder, "heard")) \\
+        and time.time() < deadline:
     time.sleep(0.01)
 me.left = os.sched_getscheduler(0)
 """
 SERVER_SIDE = """
 import os, signal, socket, sys, time
 from worker.task import forkserver
-if sys.argv[1] == "idle":
+start, what, folder = sys.argv[1:4]
+if start == "idle":
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-ours, theirs = socket.socketpair()
-core = os.fork()
-if core == 0:  # a core connected to the server: it goes after 0.5 s, or stays
-    theirs.close()
-    time.sleep(0.5 if sys.argv[2] == "goes" else 120)
-    os._exit(0)
-ours.close()
-forkserver._remembered(beside=[theirs])
-os.kill(core, signal.SIGKILL)
+pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(1 if what == "last" else 2)]
+cores = []
+for i, (ours, theirs) in enumerate(pairs):
+    pid = os.fork()
+    if pid == 0:  # a core connected to the server; the first acts once the import has begun, the other stays
+        for _, t in pairs:
+            t.close()
+        if i == 0 and what != "stays":
+            while not os.path.exists(os.path.join(folder, "importing")):
+                time.sleep(0.01)
+            if what == "asks":
+                ours.sendall(b"a fork")
+            else:  # goes: its end waited for, as warm.Server.release waits
+                ours.shutdown(socket.SHUT_WR)
+                ours.recv(1)
+                open(os.path.join(folder, "heard"), "w").close()
+                os._exit(0)
+        time.sleep(120)
+        os._exit(0)
+    cores.append(pid)
+for ours, _ in pairs:
+    ours.close()
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind("\\0mgpu-test-late-%d" % os.getpid())
+listener.listen(1)
+forkserver._remembered([t for _, t in pairs], listener)
+for pid in cores:
+    os.kill(pid, signal.SIGKILL)
 probe = sys.modules["worker_probe_policy"]
-print(probe.seen, probe.left, os.sched_getscheduler(0))
+print(probe.seen, probe.left, os.sched_getscheduler(0), os.path.exists(os.path.join(folder, "heard")))
 """
 
 
 @pytest.mark.parametrize("start, core, hold, seen", [
-    ("normal", "stays", "1", "IDLE IDLE OTHER"),  # imported at the idle priority, the server normal after them
-    ("idle", "stays", "1", "IDLE IDLE IDLE"),  # a server started --idle stays there
-    ("normal", "goes", "60", "IDLE OTHER OTHER"),  # a core that goes meanwhile is heard at once: hurried
-    ("idle", "goes", "60", "IDLE OTHER OTHER"),
+    ("normal", "stays", "1", "IDLE IDLE OTHER False"),  # imported at the idle priority, the server normal after
+    ("idle", "stays", "1", "IDLE IDLE IDLE False"),  # a server started --idle stays there
+    ("normal", "goes", "60", "IDLE IDLE OTHER True"),  # a core that goes is let go at once, the import goes on
+    ("normal", "asks", "60", "IDLE OTHER OTHER False"),  # a core that asks for a fork hurries the server
+    ("normal", "last", "60", "killed"),  # the last core gone: the server ends at once, as after its imports
 ])
-def test_a_servers_late_imports_run_at_the_idle_priority_until_a_core_needs_it(tmp_path, start, core, hold, seen):
+def test_a_servers_late_imports_run_at_the_idle_priority_and_never_keep_a_core_waiting(tmp_path, start, core,
+                                                                                        hold, seen):
     (tmp_path / "worker_probe_policy.py").write_text(PROBE)
     (tmp_path / "modules.txt").write_text("worker_probe_policy\n")
     environ = {**os.environ, "MGPU_RUN_DIR": str(tmp_path), "PYTHONPATH": f"{tmp_path}:{REPO}", "HOLD_S": hold}
-    r = subprocess.run([sys.executable, "-c", SERVER_SIDE, start, core], env=environ, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", SERVER_SIDE, start, core, str(tmp_path)], env=environ,
+                       capture_output=True, text=True, timeout=120)
+    if seen == "killed":
+        assert r.returncode == -signal.SIGKILL and (tmp_path / "heard").exists(), r.stdout + r.stderr
+        return
     names = {os.SCHED_IDLE: "IDLE", os.SCHED_OTHER: "OTHER"}
-    assert [names.get(int(v), v) for v in r.stdout.split()] == seen.split(), r.stdout + r.stderr
+    assert [names.get(int(v), v) if v.isdigit() else v for v in r.stdout.split()] == seen.split(), r.stdout + r.stderr
 
 
 SCRIPT = """

@@ -167,14 +167,14 @@ def _imports(ours: str | None) -> None:
     _remembered()
 
 
-def _remembered(beside: list[socket.socket] | None = None) -> None:
+def _remembered(beside: list[socket.socket] | None = None, listener: socket.socket | None = None) -> None:
     """The installed modules the task's last attempt imported late (a data loader's): never a user's own.
-    `beside`: an attempt may be training on these cores (the list is written at its first step, and a standby's
-    core connects while it trains), so they are imported at the idle priority, on the CPU time the training
-    leaves, with a sentinel that hurries the server as soon as one of the cores `beside` speaks or goes."""
+    `beside` (the cores connected, and the server's listener): an attempt may be training on these cores (the list
+    is written at its first step, and a standby's core connects while it trains), so they are imported at the idle
+    priority, on the CPU time the training leaves, while a sentinel answers for the server (_watch)."""
     modules = remembered()
     calm = beside is not None and bool(modules) and _idle_thread()  # a server started --idle is there already
-    watch = _sentinel(beside) if beside is not None and modules else None  # after: its hurry stays
+    watch = _sentinel(beside, listener) if beside is not None and modules else None  # after: its hurry stays
     try:
         for module in modules:
             try:
@@ -190,11 +190,10 @@ def _remembered(beside: list[socket.socket] | None = None) -> None:
     gc.freeze()  # what is imported stays out of every collection: a fork's pages stay shared with the server's
 
 
-def _sentinel(clients: list[socket.socket]) -> tuple[int, int] | None:
-    """A process that, at the normal priority, hurries this server (hurry) once a core asks for a fork or goes
-    while the server imports at the idle priority, so that neither a core's request nor its end (waited for, or
-    a killed core's) waits on the CPU time a training leaves. It ends when the imports do or the server does (the
-    pipe's end it watches closed). Returns that pipe's other end and its pid; None where it cannot be forked."""
+def _sentinel(clients: list[socket.socket], listener: socket.socket | None) -> tuple[int, int] | None:
+    """A process at the normal priority that answers for this server while it imports at the idle priority (see
+    _watch); it ends when the imports do or the server does (the pipe's end it watches closed). Returns that
+    pipe's other end and its pid; None where it cannot be forked."""
     try:
         done, tell = os.pipe()
         pid = os.fork()
@@ -204,9 +203,7 @@ def _sentinel(clients: list[socket.socket]) -> tuple[int, int] | None:
         try:
             os.close(tell)
             _normal_thread()  # as the server does for it, whichever of them runs first
-            server = os.getppid()
-            if select.select([done, *(c.fileno() for c in clients)], [], [])[0] != [done]:
-                hurry(server)
+            _watch(done, clients, listener, os.getppid())
         finally:
             os._exit(0)
     os.close(done)
@@ -215,6 +212,36 @@ def _sentinel(clients: list[socket.socket]) -> tuple[int, int] | None:
     except OSError:
         pass
     return tell, pid
+
+
+def _watch(done: int, clients: list[socket.socket], listener: socket.socket | None, server: int) -> None:
+    """What the server would do at once, done while it imports, so that no core waits on the CPU time a training
+    leaves (a core tells its end only once the server has let it go): a core that goes is let go (its socket shut,
+    as the server's close would); once the last has gone the server is ended, as the doorman ends it (imports or
+    not), unless a core waits to be let in; a core that asks for a fork hurries the server (hurry)."""
+    left = list(clients)
+    if not left:
+        return  # none to answer (a core that connects later and cannot wait hurries the server itself)
+    while left:
+        ready = select.select([done, *(c.fileno() for c in left)], [], [])[0]
+        if done in ready:
+            return
+        for conn in [c for c in left if c.fileno() in ready]:
+            try:  # peeked: a request stays the server's to read
+                gone = not conn.recv(1, socket.MSG_PEEK)
+            except OSError:
+                gone = True
+            if not gone:
+                hurry(server)
+                return
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            left.remove(conn)
+    if listener is not None and select.select([listener], [], [], 0)[0]:
+        hurry(server)  # a core connecting: it is served once the imports are done
+        return
+    with contextlib.suppress(OSError):
+        os.kill(server, signal.SIGKILL)
 
 
 def _idle_thread() -> bool:
@@ -491,10 +518,10 @@ class Server:
         if mark != self.modules_seen:
             self.modules_seen = mark
             if mark is not None:
-                _remembered(beside=list(self.clients))
+                _remembered(list(self.clients), self.listener)
 
     def ready(self, conn: socket.socket) -> None:
-        _remembered(beside=[*self.clients, conn])
+        _remembered([*self.clients, conn], self.listener)
         try:
             conn.sendall(READY)
         except OSError:
