@@ -214,6 +214,14 @@ def _sentinel(clients: list[socket.socket], listener: socket.socket | None) -> t
     return tell, pid
 
 
+def _gone(conn: socket.socket) -> bool:
+    """Whether a readable core's connection is its going rather than a request (peeked: never a request lost)."""
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
+
+
 def _watch(done: int, clients: list[socket.socket], listener: socket.socket | None, server: int) -> None:
     """What the server would do at once, done while it imports, so that no core waits on the CPU time a training
     leaves (a core tells its end only once the server has let it go): a core that goes is let go (its socket shut,
@@ -227,11 +235,7 @@ def _watch(done: int, clients: list[socket.socket], listener: socket.socket | No
         if done in ready:
             return
         for conn in [c for c in left if c.fileno() in ready]:
-            try:  # peeked: a request stays the server's to read
-                gone = not conn.recv(1, socket.MSG_PEEK)
-            except OSError:
-                gone = True
-            if not gone:
+            if not _gone(conn):
                 hurry(server)
                 return
             with contextlib.suppress(OSError):
@@ -434,11 +438,7 @@ def _doorman(listener: socket.socket, line: socket.socket, server: int) -> None:
             clients.append(conn)
             ever = True
         for conn in [c for c in clients if c in readable]:
-            try:  # a core says nothing before "ready": readable is its going (peeked: never a request lost)
-                gone = not conn.recv(1, socket.MSG_PEEK)
-            except OSError:
-                gone = True
-            if gone:
+            if _gone(conn):  # a core says nothing before "ready": readable is its going
                 clients.remove(conn)
                 if clients:
                     conn.close()
