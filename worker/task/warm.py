@@ -191,6 +191,7 @@ class Server:
     def release(self) -> None:
         """Let go of it; where this core was its last, wait (bounded) until it has ended, so that nothing of the
         task outlives its core."""
+        self.hurry()  # one at the idle priority (a standby's) may not run for seconds on a busy host to hear it
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
