@@ -227,9 +227,10 @@ def _watch(done: int, clients: list[socket.socket], listener: socket.socket | No
     leaves (a core tells its end only once the server has let it go): a core that goes is let go (its socket shut,
     as the server's close would); once the last has gone the server is ended, as the doorman ends it (imports or
     not), unless a core waits to be let in; a core that asks for a fork hurries the server (hurry)."""
-    left = list(clients)
+    left, last = list(clients), None
     if not left:
         return  # none to answer (a core that connects later and cannot wait hurries the server itself)
+    pidfd = os.pidfd_open(server)
     while left:
         ready = select.select([done, *(c.fileno() for c in left)], [], [])[0]
         if done in ready:
@@ -238,14 +239,31 @@ def _watch(done: int, clients: list[socket.socket], listener: socket.socket | No
             if not _gone(conn):
                 hurry(server)
                 return
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
             left.remove(conn)
+            if left:
+                _let_go(conn)
+            last = conn
     if listener is not None and select.select([listener], [], [], 0)[0]:
         hurry(server)  # a core connecting: it is served once the imports are done
+        _let_go(last)
         return
+    _end(pidfd, server)  # the last core hears of it as this process ends
+
+
+def _let_go(conn: socket.socket | None) -> None:
+    """A core's connection shut, as the server's close would: the core, waiting for that, goes on."""
     with contextlib.suppress(OSError):
-        os.kill(server, signal.SIGKILL)
+        if conn is not None:
+            conn.shutdown(socket.SHUT_RDWR)
+
+
+def _end(pidfd: int, server: int) -> None:
+    """The server ended now, imports or not, and waited for (bounded), before its last core hears of its end:
+    hurried first, as one at the idle priority may wait seconds on a busy host to die."""
+    hurry(server)
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    select.select([pidfd], [], [], GONE_S)
 
 
 def _idle_thread() -> bool:
@@ -443,12 +461,7 @@ def _doorman(listener: socket.socket, line: socket.socket, server: int) -> None:
                 if clients:
                     conn.close()
         if not clients and (ever or time.monotonic() - started_at > START_WAIT_S):
-            hurry(server)  # an end at the idle priority may take seconds on a busy host
-            try:  # its last core gone (or none came): the server ends now, imports or not
-                os.kill(server, signal.SIGKILL)
-            except OSError:
-                pass
-            select.select([pidfd], [], [], GONE_S)  # ended before the last core hears of it
+            _end(pidfd, server)  # its last core gone (or none came)
             os._exit(0)
 
 
