@@ -26,7 +26,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 from worker.host import env
 from worker.host.modules import modules_file, remembered
@@ -138,10 +138,7 @@ def hurry(pid: int) -> None:
 def unidle() -> None:
     if _own_session():
         _autogroup(0)
-    try:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except OSError:
-        pass
+    _normal_thread()
 
 
 _started_under: dict[str, str] = {}  # the framework settings the server was started with (its task's)
@@ -190,22 +187,40 @@ def _remembered(beside: list[socket.socket] | None = None, listener: socket.sock
     gc.freeze()  # what is imported stays out of every collection: a fork's pages stay shared with the server's
 
 
+class Handle(NamedTuple):
+    """The server as a helper forked from it (the doorman, the sentinel) knows it: a pidfd opened before the fork
+    (the server's pid read after it may already name whoever adopted the helper, its core), and its pid."""
+    pidfd: int
+    pid: int
+
+
+def _handle() -> Handle:
+    return Handle(os.pidfd_open(os.getpid()), os.getpid())
+
+
 def _sentinel(clients: list[socket.socket], listener: socket.socket | None) -> tuple[int, int] | None:
     """A process at the normal priority that answers for this server while it imports at the idle priority (see
     _watch); it ends when the imports do or the server does (the pipe's end it watches closed). Returns that
     pipe's other end and its pid; None where it cannot be forked."""
+    made: list[int] = []
     try:
+        server = _handle()
+        made.append(server.pidfd)
         done, tell = os.pipe()
+        made += [done, tell]
         pid = os.fork()
     except OSError:
+        for fd in made:
+            os.close(fd)
         return None
     if pid == 0:
         try:
             os.close(tell)
             _normal_thread()  # as the server does for it, whichever of them runs first
-            _watch(done, clients, listener, os.getppid())
+            _watch(done, clients, listener, server)
         finally:
             os._exit(0)
+    os.close(server.pidfd)
     os.close(done)
     try:  # from here, not in the child: one forked at the idle priority may never run on a busy host
         os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
@@ -222,48 +237,45 @@ def _gone(conn: socket.socket) -> bool:
         return True
 
 
-def _watch(done: int, clients: list[socket.socket], listener: socket.socket | None, server: int) -> None:
+def _watch(done: int, clients: list[socket.socket], listener: socket.socket | None, server: Handle) -> None:
     """What the server would do at once, done while it imports, so that no core waits on the CPU time a training
     leaves (a core tells its end only once the server has let it go): a core that goes is let go (its socket shut,
     as the server's close would); once the last has gone the server is ended, as the doorman ends it (imports or
     not), unless a core waits to be let in; a core that asks for a fork hurries the server (hurry)."""
-    left, last = list(clients), None
+    left = list(clients)
     if not left:
         return  # none to answer (a core that connects later and cannot wait hurries the server itself)
-    pidfd = os.pidfd_open(server)
     while left:
         ready = select.select([done, *(c.fileno() for c in left)], [], [])[0]
         if done in ready:
             return
         for conn in [c for c in left if c.fileno() in ready]:
             if not _gone(conn):
-                hurry(server)
+                hurry(server.pid)
                 return
             left.remove(conn)
             if left:
                 _let_go(conn)
-            last = conn
-    if listener is not None and select.select([listener], [], [], 0)[0]:
-        hurry(server)  # a core connecting: it is served once the imports are done
-        _let_go(last)
-        return
-    _end(pidfd, server)  # the last core hears of it as this process ends
+            elif listener is not None and select.select([listener], [], [], 0)[0]:
+                hurry(server.pid)  # a core connecting: it is served once the imports are done
+                _let_go(conn)
+                return
+    _end(server)  # the last core hears of it as this process ends
 
 
-def _let_go(conn: socket.socket | None) -> None:
+def _let_go(conn: socket.socket) -> None:
     """A core's connection shut, as the server's close would: the core, waiting for that, goes on."""
     with contextlib.suppress(OSError):
-        if conn is not None:
-            conn.shutdown(socket.SHUT_RDWR)
+        conn.shutdown(socket.SHUT_RDWR)
 
 
-def _end(pidfd: int, server: int) -> None:
+def _end(server: Handle) -> None:
     """The server ended now, imports or not, and waited for (bounded), before its last core hears of its end:
     hurried first, as one at the idle priority may wait seconds on a busy host to die."""
-    hurry(server)
+    hurry(server.pid)
     with contextlib.suppress(OSError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    select.select([pidfd], [], [], GONE_S)
+        signal.pidfd_send_signal(server.pidfd, signal.SIGKILL)
+    select.select([server.pidfd], [], [], GONE_S)
 
 
 def _idle_thread() -> bool:
@@ -434,14 +446,13 @@ def _welcome(listener: socket.socket) -> socket.socket | None:
     return conn
 
 
-def _doorman(listener: socket.socket, line: socket.socket, server: int) -> None:
+def _doorman(listener: socket.socket, line: socket.socket, server: Handle) -> None:
     """In a process forked before the imports (a thread could not run: an import holds the interpreter's lock for
     seconds at the idle priority): the cores that connect while the server imports, and the server's end as soon
     as its last one has gone, so that letting go of it never waits for the imports. On the server's word (a byte on
     `line`) it hands the cores over and ends; the server gone (`line` closed), it ends. Never returns."""
     clients: list[socket.socket] = []
     ever, started_at = False, time.monotonic()
-    pidfd = os.pidfd_open(server)
     while True:
         readable = select.select([listener, line, *clients], [], [], 1.0)[0]
         if line in readable:
@@ -461,14 +472,14 @@ def _doorman(listener: socket.socket, line: socket.socket, server: int) -> None:
                 if clients:
                     conn.close()
         if not clients and (ever or time.monotonic() - started_at > START_WAIT_S):
-            _end(pidfd, server)  # its last core gone (or none came)
+            _end(server)  # its last core gone (or none came)
             os._exit(0)
 
 
 def _door(listener: socket.socket) -> tuple[socket.socket, int]:
     """The doorman started (see _doorman): its end of the line and its pid."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    server = os.getpid()
+    server = _handle()
     pid = os.fork()
     if pid == 0:
         try:
@@ -476,6 +487,7 @@ def _door(listener: socket.socket) -> tuple[socket.socket, int]:
             _doorman(listener, theirs, server)
         finally:
             os._exit(0)
+    os.close(server.pidfd)
     theirs.close()
     return ours, pid
 
