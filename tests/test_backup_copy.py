@@ -320,9 +320,10 @@ entrypoint = "paced3:task"
 epochs = 5
 steps_per_epoch = 6
 batch_size_per_replica = 16
-args = ["--save-weights", "{weights}/w-{{task}}.npz"]''')
+args = ["--save-weights", "{weights}/w-{{task}}.npz"]''', launch="stop_grace = 60")
     with cli.running("up", spec) as up:
-        # `down` lands at the end of epoch 1 or, on a loaded machine, a later one: epochs are left to resume
+        # `down` lands at the end of epoch 1 or, on a loaded machine, a later one: epochs are left to resume. The
+        # epoch's end may be seconds after the TERM there: the default stop_grace (1 s) would KILL before the save
         st = wait_for(lambda: up.poll() is not None or steps(cli, 3), 300, "both tasks in epoch 1")
         assert st is not True, up.communicate()[0]  # up ended first
         stopped = cli("down", timeout=120)

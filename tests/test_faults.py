@@ -483,6 +483,9 @@ def test_the_built_in_runners_peers_of_a_failed_task_are_killed_at_once_a_comman
 
     def kill(_up, st):
         began.append(time.monotonic())
+        # the survivor, stopped, cannot end by itself (TensorFlow aborts a peer's all-reduce too, and on a loaded
+        # machine may do so before the launcher's stop comes): only a KILL ends it, so the stop is told each time
+        os.kill(st["tasks"][0]["pid"], signal.SIGSTOP)
         os.kill(st["tasks"][1]["pid"], signal.SIGKILL)
 
     code, out = cli.up_while(spec, lambda: (st := latest_state(cli)) and st["state"] == "running" and all(

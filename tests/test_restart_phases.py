@@ -105,6 +105,10 @@ def test_phases_of_a_restart_add_up_and_are_told_in_one_line():
     assert phases.restarts_words(run).startswith("1 restart(s) cost 3.1 s in all"), phases.restarts_words(run)
     # a host's clock far off does not make up a phase: the launcher's time stands in
     assert phases.failed_at(run, 1, protocol.Exit(code=-9, time=5000.0), now=100.2) == 100.2
+    # a task lost (no exit report: its host gone, or Slurm's KillWait) ended after it last progressed, not when
+    # the launcher gave up on it
+    run.tasks[1].heartbeat = 95.0
+    assert phases.failed_at(run, 1, protocol.Lost("its job ended with no exit report"), now=100.2) == 95.0
 
 
 def test_back_at_the_step_reached_is_when_the_group_trained_again_to_where_it_failed():
@@ -180,11 +184,12 @@ def test_a_step_is_an_estimate_only_where_it_was_carried_forward_never_over_vali
     from launcher.run.record import Attempt
 
     def attempt(records, failure_at=20.0):
-        """An attempt that read `records` (task, global step, step, time), failing at `failure_at`: what it carries."""
+        """An attempt that read `records` (task, global step, step, time[, state]), failing at `failure_at`: what it
+        carries."""
         marks = phases.Phases(Attempt(number=0, started_at=0.0), {}, 0)
-        for task, g, s, t in records:
+        for task, g, s, t, *state in records:
             marks.progress({"task": task, "global_step": g, "step": s, "first_global_step": 0, "time": t,
-                            "steps_per_epoch": 22, "epochs": 10}, t)
+                            "steps_per_epoch": 22, "epochs": 10, "state": (state or ["training"])[0]}, t)
         marks.detected, marks.decided_at = (failure_at, failure_at), failure_at
         return marks.ended(failure_at + 1)
 
@@ -200,6 +205,11 @@ def test_a_step_is_an_estimate_only_where_it_was_carried_forward_never_over_vali
     # validating after a read mid-epoch: the task's records at the step it told before, written later
     carried = attempt([(0, 120, 10, 18.0), (0, 130, 20, 19.0), (1, 130, 20, 19.1), (0, 130, 20, 19.5)])
     assert carried["reached_step"] == 130 and "estimated" not in carried, carried
+    # saved on a notice (a preemption): the group stopped at the step it saved, whenever its exit came
+    carried = attempt([(0, 112, 2, 18.0), (0, 122, 12, 19.0), (0, 124, 14, 19.2, "preempted")])
+    assert carried["reached_step"] == 124 and "estimated" not in carried, carried
+    carried = attempt([(0, 112, 2, 18.0), (1, 122, 12, 19.0), (0, 122, 12, 19.2, "preempted")])
+    assert carried["reached_step"] == 122 and "estimated" not in carried, carried
     # the failure right at a read: nothing carried, nothing estimated
     carried = attempt([(0, 112, 2, 18.0), (0, 122, 12, 19.0)], failure_at=19.0)
     assert carried["reached_step"] == 122 and "estimated" not in carried, carried

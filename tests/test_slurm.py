@@ -713,6 +713,30 @@ def test_follower_tails_events_files_into_the_pump(tmp_path):
         follower.stop()
 
 
+def test_follower_ends_an_attempt_whose_job_runs_again_without_its_exit_reports(tmp_path):
+    """A requeued job's tasks killed before they reported (Slurm's KillWait, a loaded node), the job running again
+    at once (its state never seen out of RUNNING): once the next attempt's events file is there, the tasks that
+    did not report are Lost, saying so, and the follower of this attempt is done."""
+    sink = _Sink()
+    for i in (0, 1):
+        events_path(tmp_path, i, 0).parent.mkdir()
+        events_path(tmp_path, i, 0).write_bytes(_record(protocol.Output(["preempted: saved a checkpoint"])))
+    events_path(tmp_path, 1, 0).write_bytes(_record(protocol.Exit(code=75, time=1.0, notice="SIGTERM")))
+    follower = Follower(tmp_path, [0, 1], 0, sink, lambda: None, lambda ev: None)  # Slurm: the job is RUNNING
+    try:
+        assert wait_for(lambda: len(sink.seen) == 2, 10, "task 0's output and task 1's exit")
+        time.sleep(3 * POLL_S + follow.SETTLE_S)
+        assert len(sink.seen) == 2 and follower.thread.is_alive()  # nothing says the attempt is over yet
+        events_path(tmp_path, 1, 1).write_bytes(b"")  # the requeued job's next run began
+        follower.thread.join(15)
+        assert not follower.thread.is_alive()
+        (index, lost), = sink.seen[2:]
+        assert index == 0 and isinstance(lost, protocol.Lost), sink.seen
+        assert "requeued its job and runs it again (attempt 1 started)" in lost.reason, lost
+    finally:
+        follower.stop()
+
+
 def test_follower_reads_an_events_file_made_anew_from_its_start(tmp_path):
     """A task folder deleted mid-run: the task core makes its events file again, and the exit it then
     writes there (at an offset below what was read of the old file) reaches the pump."""

@@ -36,10 +36,11 @@ def estimated(ph: Mapping[str, object], name: str) -> bool:
 
 def failed_at(run: RunRecord, index: int | None, ev: protocol.Event | None, now: float) -> float:
     """When the failing task ended as it reported it: its Exit's time (its host's clock, kept within the
-    last minute: a skewed clock must not make up a phase); a hung task, when it last progressed; else now."""
+    last minute: a skewed clock must not make up a phase); a hung task, or one lost (its end unreported), when it
+    last progressed; else now."""
     if isinstance(ev, protocol.Exit) and 0 <= now - ev.time <= 60:
         return ev.time
-    beat = run.task(index).heartbeat if ev is None and index is not None else None
+    beat = run.task(index).heartbeat if (ev is None or isinstance(ev, protocol.Lost)) and index is not None else None
     if beat:
         return min(now, beat)
     return now
@@ -54,6 +55,8 @@ class Mark(enum.Enum):
 # a step count read from a progress record may be up to a write interval (1 s) behind the failure: it is carried
 # forward at the group's rate, over at most this long (a task that stopped stepping long before it failed: a hang)
 EXTRAPOLATE_MAX_S = 3.0
+# a task whose record says so trains no further step: it saved on a notice (the group stopped at that step), or is done
+STOPPED_STEPPING = (protocol.ProgressState.PREEMPTED, protocol.ProgressState.DONE)
 
 
 def reached(run: RunRecord) -> int:
@@ -115,7 +118,7 @@ class Phases:
         """The group's global step at `when` (its failure), where a step was read: the last one read, carried
         forward at the rate between the last two reads (a step counts once done), never past its epoch's last
         step (validation and the save follow it), and not at all where the last record read was of a group not
-        training (validating, or at an epoch's end): there the step read is the step reached."""
+        training (validating, at an epoch's end, or saved on a notice): there the step read is the step reached."""
         (g0, t0), (g1, t1) = self.points[0], self.points[-1]
         if self.idle:
             return int(g1)
@@ -127,7 +130,8 @@ class Phases:
         """Keep this record's (global step, time) as the group's latest, where it is one step count later
         (the tasks step together); its time is the task's, kept within what came before and now. `progress`
         is typed (launcher.run.progress): a time there is a finite number. A task's record at the step it told
-        before, written later, is of a group not training (validating, saving); so is one at an epoch's end."""
+        before, written later, is of a group not training (validating, saving); so is one at an epoch's end, and
+        one of a task that saved on a notice or is done (STOPPED_STEPPING)."""
         g, t = step(progress), progress.get("time")
         self.per_epoch = step(progress, "steps_per_epoch") or self.per_epoch
         if self.per_epoch and step(progress, "epochs"):
@@ -142,12 +146,13 @@ class Phases:
         first = progress.get("first_step_at")  # the attempt's first step: a rate from the first record on
         if not self.points and first is not None and first < t:
             self.points = [(step(progress, "first_global_step") + 1, first)]
+        stopped = protocol.ProgressState.of(progress) in STOPPED_STEPPING
         if self.points and g <= self.points[-1][0]:
-            if before is not None and before[0] == g and before[1] < self.last[progress.get("task")][1]:
+            if stopped or before is not None and before[0] == g and before[1] < self.last[progress.get("task")][1]:
                 self.idle = True
             return False
         self.points = [*self.points, (g, t)][-2:]
-        self.idle = bool(self.per_epoch) and step(progress, "step") == self.per_epoch
+        self.idle = stopped or bool(self.per_epoch) and step(progress, "step") == self.per_epoch
         return True
 
     def copied(self, copy: BackupCopy) -> None:

@@ -43,12 +43,16 @@ class _Tail:
 
 class Follower:
     """Tails every task's events file of one attempt until each task exited, or the job (step) is over
-    and SETTLE_S passed: then a task with no exit report is Lost, for the reason `over()` gives."""
+    and SETTLE_S passed: then a task with no exit report is Lost, for the reason `over()` gives. A job that
+    Slurm requeued and runs again is over for this attempt too, though Slurm shows it running: its next run
+    (the next attempt) has begun writing its own events files."""
 
     def __init__(self, root: Path, indices: list[int], attempt: int, sink: Sink, over: Callable[[], str | None],
                  on_exit: Callable[[protocol.Exit], None]):
         self.tails = {i: _Tail(layout.events_file(layout.task_dir(root, i), attempt)) for i in indices}
-        self.pumps = {i: Pump(i, sink, lambda: over() or "its job ended with no exit report") for i in indices}
+        self.next_run = [layout.events_file(layout.task_dir(root, i), attempt + 1) for i in indices]
+        self.attempt = attempt
+        self.pumps = {i: Pump(i, sink, lambda: self.ended() or "its job ended with no exit report") for i in indices}
         self.over, self.on_exit = over, on_exit
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -77,12 +81,22 @@ class Follower:
                 self.pumps[i].feed(line)
             if all(p.exited for p in self.pumps.values()):
                 return
-            why = self.over()
+            why = self.ended()
             over_since = (over_since or time.monotonic()) if why else None
             if over_since is not None and time.monotonic() - over_since > SETTLE_S:
                 for p in self.pumps.values():
                     p.end()
                 return
+
+    def ended(self) -> str | None:
+        """Why this attempt is over though tasks gave no exit report, or None. A requeued job's tasks have only
+        Slurm's KillWait to save and report (a loaded node may not make it); the job may run again at once, so
+        briefly out of RUNNING that no look at its state sees it."""
+        why = self.over()
+        if why is None and any(path.exists() for path in self.next_run):
+            why = (f"Slurm requeued its job and runs it again (attempt {self.attempt + 1} started) with no exit "
+                   f"report from this task of attempt {self.attempt}: Slurm ended it first (its KillWait)")
+        return why
 
     def stop(self) -> None:
         self.stopped.set()
