@@ -12,6 +12,7 @@ from typing import Callable
 from launcher.engines.base import JobRecord, SchedulerCause, SchedulerEnd
 from launcher.engines.slurm import job as jobs
 from launcher.engines.slurm.commands import slurm
+from launcher.engines.slurm.follow import began
 from launcher.engines.slurm.job import Scontrol
 from launcher.engines.slurm.kind import JobKind, Say
 from launcher.engines.slurm.plan import Mode, script_file
@@ -19,7 +20,6 @@ from launcher.engines.slurm.preflight import batch_problems
 from launcher.engines.slurm.script import batch_script, sbatch_options
 from launcher.engines.slurm.watch import Watcher
 from launcher.spec.cluster import SlurmSpec
-from worker.host import layout
 from worker.host.clock import wait_until
 from worker.host.files import write_private
 
@@ -94,7 +94,7 @@ class BatchJob(JobKind):
         info = wait_until(left_queue, math.inf, self.watcher.poll_s)
         if jobs.state_of(info) in jobs.RUNNING:
             return None
-        if any(layout.events_file(layout.task_dir(self.root, i), attempt).exists() for i in range(self.cfg.nodes)):
+        if began(self.root, range(self.cfg.nodes), attempt):
             return None  # so short that it ran and ended between two looks: its records tell
         return (f"Slurm job {self.job_id} ended before it ran ({jobs.state_of(info)}, reason "
                 f"{(info or {}).get('Reason')})")

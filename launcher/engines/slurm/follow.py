@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from launcher.engines.base import Pump, Sink
 from worker.host import protocol
@@ -41,6 +41,11 @@ class _Tail:
         return complete
 
 
+def began(root: Path, indices: Iterable[int], attempt: int) -> bool:
+    """Whether a task of `attempt` has begun (its task core made its events file): Slurm ran that attempt's job."""
+    return any(layout.events_file(layout.task_dir(root, i), attempt).exists() for i in indices)
+
+
 class Follower:
     """Tails every task's events file of one attempt until each task exited, or the job (step) is over
     and SETTLE_S passed: then a task with no exit report is Lost, for the reason `over()` gives. A job that
@@ -50,8 +55,7 @@ class Follower:
     def __init__(self, root: Path, indices: list[int], attempt: int, sink: Sink, over: Callable[[], str | None],
                  on_exit: Callable[[protocol.Exit], None]):
         self.tails = {i: _Tail(layout.events_file(layout.task_dir(root, i), attempt)) for i in indices}
-        self.next_run = [layout.events_file(layout.task_dir(root, i), attempt + 1) for i in indices]
-        self.attempt = attempt
+        self.root, self.indices, self.attempt = root, indices, attempt
         self.pumps = {i: Pump(i, sink, lambda: self.ended() or "its job ended with no exit report") for i in indices}
         self.over, self.on_exit = over, on_exit
         self.stopped = threading.Event()
@@ -93,7 +97,7 @@ class Follower:
         Slurm's KillWait to save and report (a loaded node may not make it); the job may run again at once, so
         briefly out of RUNNING that no look at its state sees it."""
         why = self.over()
-        if why is None and any(path.exists() for path in self.next_run):
+        if why is None and began(self.root, self.indices, self.attempt + 1):
             why = (f"Slurm requeued its job and runs it again (attempt {self.attempt + 1} started) with no exit "
                    f"report from this task of attempt {self.attempt}: Slurm ended it first (its KillWait)")
         return why
